@@ -1,0 +1,219 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Cluster is a throwaway PostgreSQL cluster in a temporary directory, owned by this
+// process. It listens on a unix socket only.
+type Cluster struct {
+	dir     string
+	dataDir string
+	port    int
+	binDir  string
+	cred    *syscall.Credential
+	opts    ClusterOpts
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	log     *os.File
+	waitErr chan error
+}
+
+// ClusterOpts configure a throwaway cluster.
+type ClusterOpts struct {
+	// Durable keeps fsync and synchronous commit on, as a production server has them.
+	// Tests leave it off for speed; benchmarks turn it on. Defaults to false.
+	Durable bool
+	// Settings are extra server settings, name to value.
+	Settings map[string]string
+}
+
+// StartCluster initialises and starts a new cluster. When running as root it runs the
+// server as the "postgres" OS user, because PostgreSQL refuses to run as root.
+func StartCluster(ctx context.Context, opts *ClusterOpts) (*Cluster, error) {
+	if opts == nil {
+		opts = &ClusterOpts{}
+	}
+	binDir, err := findBinDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "oncekit-pg-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{dir: dir, dataDir: filepath.Join(dir, "data"), port: 5432, binDir: binDir, opts: *opts}
+	if os.Geteuid() == 0 {
+		cred, err := postgresCredential()
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+		c.cred = cred
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	initdb := exec.CommandContext(ctx, filepath.Join(binDir, "initdb"),
+		"-D", c.dataDir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
+	}
+	if err := c.Start(ctx); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	return c, nil
+}
+
+// ConnString returns a connection string for database "postgres" on the cluster.
+func (c *Cluster) ConnString() string {
+	return fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable", c.dir, c.port)
+}
+
+// Start starts the server on the cluster's data directory and waits until it accepts
+// connections. It is used again after [Cluster.Stop] to restart.
+func (c *Cluster) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd != nil {
+		return errors.New("pgtest: cluster already running")
+	}
+	args := []string{"-D", c.dataDir, "-k", c.dir, "-p", strconv.Itoa(c.port),
+		"-c", "listen_addresses=", "-c", "max_connections=200", "-c", "shared_buffers=128MB",
+		"-c", "track_wal_io_timing=off"}
+	if !c.opts.Durable {
+		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+	}
+	for k, v := range c.opts.Settings {
+		args = append(args, "-c", k+"="+v)
+	}
+	logf, err := os.OpenFile(filepath.Join(c.dir, "server.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(filepath.Join(c.binDir, "postgres"), args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// The server dies with the test binary even if the binary is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("pgtest: start postgres: %w", err)
+	}
+	c.cmd, c.log = cmd, logf
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	deadline := time.NewTimer(30 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-exited:
+			c.cmd = nil
+			logf.Close()
+			return fmt.Errorf("pgtest: postgres exited during start: %v\n%s", err, c.tailLog())
+		case <-deadline.C:
+			return fmt.Errorf("pgtest: postgres did not accept connections within 30s\n%s", c.tailLog())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			conn, err := pgx.Connect(ctx, c.ConnString())
+			if err == nil {
+				_ = conn.Close(ctx)
+				c.waitErr = exited
+				return nil
+			}
+		}
+	}
+}
+
+// Stop shuts the server down (fast shutdown: open transactions are rolled back) and
+// waits for it to exit. The data directory is kept, so Start brings the same data back.
+func (c *Cluster) Stop() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd == nil {
+		return nil
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-c.waitErr:
+	case <-time.After(30 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.waitErr
+	}
+	c.cmd = nil
+	c.log.Close()
+	return nil
+}
+
+// Restart stops and starts the server.
+func (c *Cluster) Restart(ctx context.Context) error {
+	if err := c.Stop(); err != nil {
+		return err
+	}
+	return c.Start(ctx)
+}
+
+// Close stops the server and removes the cluster's directory.
+func (c *Cluster) Close() error {
+	err := c.Stop()
+	if rmErr := os.RemoveAll(c.dir); err == nil {
+		err = rmErr
+	}
+	return err
+}
+
+func (c *Cluster) tailLog() string {
+	b, _ := os.ReadFile(filepath.Join(c.dir, "server.log"))
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+func postgresCredential() (*syscall.Credential, error) {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: running as root needs a 'postgres' OS user to run the server: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+// findBinDir finds the directory holding initdb and postgres: the directory a PATH
+// entry links to, or the newest /usr/lib/postgresql/*/bin.
+func findBinDir() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		dir := filepath.Dir(p)
+		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
+			return dir, nil
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(matches) > 0 {
+		return filepath.Dir(matches[len(matches)-1]), nil
+	}
+	return "", errors.New("pgtest: PostgreSQL binaries (initdb, postgres) not found on PATH or in /usr/lib/postgresql; install PostgreSQL or set DATABASE_URL")
+}

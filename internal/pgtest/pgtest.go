@@ -1,0 +1,120 @@
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+var (
+	mu      sync.Mutex
+	cluster *Cluster // nil when DATABASE_URL is used
+	baseURL string
+)
+
+// Main runs the tests of a package against a real PostgreSQL: the server named by
+// DATABASE_URL when it is set, otherwise a throwaway cluster that lives as long as the
+// test binary. Call it from TestMain.
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if url := os.Getenv("DATABASE_URL"); url != "" {
+		baseURL = url
+		return m.Run()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	c, err := StartCluster(ctx, nil)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer c.Close()
+	cluster, baseURL = c, c.ConnString()
+	return m.Run()
+}
+
+// URL returns the connection string of the test server. It fails the test when Main did
+// not run.
+func URL(tb testing.TB) string {
+	tb.Helper()
+	if baseURL == "" {
+		tb.Fatal("pgtest: call pgtest.Main from TestMain")
+	}
+	return baseURL
+}
+
+// OwnCluster returns the throwaway cluster, or skips the test when the tests run against
+// DATABASE_URL (whose server the tests may not restart).
+func OwnCluster(tb testing.TB) *Cluster {
+	tb.Helper()
+	if cluster == nil {
+		tb.Skip("pgtest: this test restarts PostgreSQL and needs its own cluster; unset DATABASE_URL to run it")
+	}
+	return cluster
+}
+
+// NewSchema creates a fresh, empty schema for one test and returns its name and a pool
+// whose connections have search_path set to it. The pool is closed and the schema dropped
+// at cleanup.
+func NewSchema(tb testing.TB) (*pgxpool.Pool, string) {
+	tb.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "t_" + hex.EncodeToString(b[:])
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, URL(tb))
+	if err != nil {
+		tb.Fatalf("pgtest: connect: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		tb.Fatalf("pgtest: create schema: %v", err)
+	}
+	pool := Pool(tb, schema, nil)
+	tb.Cleanup(func() {
+		pool.Close()
+		conn, err := pgx.Connect(ctx, URL(tb))
+		if err != nil {
+			tb.Logf("pgtest: drop schema %s: %v", schema, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			tb.Logf("pgtest: drop schema %s: %v", schema, err)
+		}
+	})
+	return pool, schema
+}
+
+// Pool opens a pool on the test server with search_path set to schema. configure, when
+// not nil, may change the configuration before the pool is made. The pool is closed at
+// cleanup.
+func Pool(tb testing.TB, schema string, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(URL(tb))
+	if err != nil {
+		tb.Fatalf("pgtest: parse URL: %v", err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.MaxConns = 16
+	if configure != nil {
+		configure(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}

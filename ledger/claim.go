@@ -1,0 +1,277 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// ClaimOpts are per-call options of [Ledger.Claim]. A nil *ClaimOpts means all defaults.
+type ClaimOpts struct {
+	// Lease is how long the claim is owned before another attempt may take it over. Set
+	// it longer than the external call can take. Defaults to [Config].Lease.
+	Lease time.Duration
+	// Wait bounds how long the call waits for another attempt's live claim to finish.
+	// Defaults to [WaitDefault]: fail fast with an [*InProgressError].
+	Wait time.Duration
+	// Retention overrides how long the record is kept. Defaults to the operation's
+	// retention from [Config].
+	Retention time.Duration
+}
+
+// Lease is an owned claim on a key in the external-effect mode. Only the holder of the
+// lease's token may complete, fail or release the record.
+type Lease struct {
+	Intent
+	// Token fences the record: a finish with another token is refused.
+	Token uuid.UUID
+	// Until is when the lease runs out (by the database's clock).
+	Until time.Time
+	// Attempt counts the attempts that have owned this key, this one included.
+	Attempt int
+	// Redrive is true when an earlier attempt owned the key and did not finish it: the
+	// external call may have happened, so make it again with the same downstream key
+	// and let the provider deduplicate it.
+	Redrive bool
+	// Uncertain is true when an earlier attempt reported that its call may have happened.
+	Uncertain bool
+}
+
+// ClaimResult is the outcome of [Ledger.Claim]: either a stored result to replay, or a
+// lease to act under.
+type ClaimResult struct {
+	// Lease is set when this call owns the key and must make the external call.
+	Lease *Lease
+	// Result is the stored result when the key was already completed (Result.Replayed
+	// is true); Lease is nil then.
+	Result Result
+}
+
+// Claim claims the key before an external side effect, such as a call to a payment
+// provider, and commits the claim at once so it survives a crash during the call.
+// Then make the call and finish with [Ledger.Complete], [Ledger.Fail],
+// [Ledger.MarkUncertain] or [Ledger.Release].
+//
+// A completed key replays its result (no lease). A pending key whose lease ran out is
+// taken over with a fresh token, and the returned lease has Redrive set. A pending key
+// with a live lease is waited for up to ClaimOpts.Wait, then reported as an
+// [*InProgressError]. A stored failure is returned as a [*DefinitiveError].
+func (l *Ledger) Claim(ctx context.Context, in Intent, opts *ClaimOpts) (ClaimResult, error) {
+	return l.claim(ctx, l.pool, in, opts)
+}
+
+// ClaimTx is [Ledger.Claim] inside the caller's transaction; the claim takes effect
+// when the caller commits, so commit before making the external call.
+func (l *Ledger) ClaimTx(ctx context.Context, tx pgx.Tx, in Intent, opts *ClaimOpts) (ClaimResult, error) {
+	return l.claim(ctx, tx, in, opts)
+}
+
+func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpts) (ClaimResult, error) {
+	o := ClaimOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.Lease == 0 {
+		o.Lease = l.cfg.Lease
+	}
+	if o.Lease < 0 || o.Wait < 0 || o.Retention < 0 {
+		return ClaimResult{}, errors.New("oncekit/ledger: ClaimOpts durations must not be negative")
+	}
+	if err := l.validate(in.Scope, in.Key, in.Fingerprint); err != nil {
+		return ClaimResult{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return ClaimResult{}, err
+	}
+	start := time.Now()
+	for try := 0; ; try++ {
+		if res, err, done := l.settle(ctx, q, in, o.Wait, start); done {
+			return ClaimResult{Result: res}, err
+		}
+		token := uuid.New()
+		lease := &Lease{Intent: in, Token: token}
+		var createdAt time.Time
+		err := q.QueryRow(ctx, l.q.claim, in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(),
+			string(in.Fingerprint), token, interval(o.Lease), interval(l.retention(in.Scope.Operation, o.Retention)),
+		).Scan(&lease.Attempt, &lease.Uncertain, &lease.Until, &createdAt)
+		if err == nil {
+			lease.Redrive = lease.Attempt > 1
+			return ClaimResult{Lease: lease, Result: Result{Attempts: lease.Attempt, CreatedAt: createdAt}}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return ClaimResult{}, fmt.Errorf("oncekit/ledger: claim %q in %s: %w", in.Key, in.Scope, err)
+		}
+		// Another attempt claimed or finished the key between our read and our write.
+		if try == maxClaimTries {
+			return ClaimResult{}, &InProgressError{Scope: in.Scope, Key: in.Key, Waited: time.Since(start)}
+		}
+	}
+}
+
+// Complete stores the external call's response and ends the lease. It returns a
+// [*LeaseLostError] when the lease's token no longer owns the record.
+func (l *Ledger) Complete(ctx context.Context, lease *Lease, resp Response) (Result, error) {
+	return l.complete(ctx, l.pool, lease, resp)
+}
+
+// CompleteTx is [Ledger.Complete] inside the caller's transaction, so the caller can
+// record the call's outcome in its own tables atomically with the ledger.
+func (l *Ledger) CompleteTx(ctx context.Context, tx pgx.Tx, lease *Lease, resp Response) (Result, error) {
+	return l.complete(ctx, tx, lease, resp)
+}
+
+func (l *Ledger) complete(ctx context.Context, q querier, lease *Lease, resp Response) (Result, error) {
+	if err := l.checkLease(lease); err != nil {
+		return Result{}, err
+	}
+	if err := l.checkResponse(resp); err != nil {
+		return Result{}, err
+	}
+	res := Result{Response: resp}
+	err := q.QueryRow(ctx, l.q.complete, l.leaseArgs(lease, resp.Code, resp.Body, nullable(resp.ResourceRef))...).
+		Scan(&res.Attempts, &res.CreatedAt)
+	if err != nil {
+		return Result{}, l.finishErr(ctx, q, lease, err)
+	}
+	return res, nil
+}
+
+// Fail stores a definitive failure for the key and ends the lease: every retry of the
+// intent receives the same [*DefinitiveError].
+func (l *Ledger) Fail(ctx context.Context, lease *Lease, derr *DefinitiveError) error {
+	return l.fail(ctx, l.pool, lease, derr)
+}
+
+// FailTx is [Ledger.Fail] inside the caller's transaction.
+func (l *Ledger) FailTx(ctx context.Context, tx pgx.Tx, lease *Lease, derr *DefinitiveError) error {
+	return l.fail(ctx, tx, lease, derr)
+}
+
+func (l *Ledger) fail(ctx context.Context, q querier, lease *Lease, derr *DefinitiveError) error {
+	if err := l.checkLease(lease); err != nil {
+		return err
+	}
+	if derr == nil {
+		return errors.New("oncekit/ledger: Fail needs a *DefinitiveError")
+	}
+	var attempts int32
+	var created time.Time
+	err := q.QueryRow(ctx, l.q.fail, l.leaseArgs(lease, derr.Code, derr.Message)...).Scan(&attempts, &created)
+	if err != nil {
+		return l.finishErr(ctx, q, lease, err)
+	}
+	return nil
+}
+
+// Release gives the key up: the external call did not happen, and the next attempt may
+// start afresh (with any payload). Use [Ledger.MarkUncertain] instead when the call may
+// have happened.
+func (l *Ledger) Release(ctx context.Context, lease *Lease) error {
+	return l.release(ctx, l.pool, lease)
+}
+
+// ReleaseTx is [Ledger.Release] inside the caller's transaction.
+func (l *Ledger) ReleaseTx(ctx context.Context, tx pgx.Tx, lease *Lease) error {
+	return l.release(ctx, tx, lease)
+}
+
+func (l *Ledger) release(ctx context.Context, q querier, lease *Lease) error {
+	if err := l.checkLease(lease); err != nil {
+		return err
+	}
+	tag, err := q.Exec(ctx, l.q.release, lease.Scope.Tenant, lease.Scope.Operation, string(lease.Key), lease.Token)
+	if err == nil && tag.RowsAffected() == 0 {
+		err = pgx.ErrNoRows
+	}
+	if err != nil {
+		return l.finishErr(ctx, q, lease, err)
+	}
+	return nil
+}
+
+// MarkUncertain records that the external call may have happened (a timeout, a lost
+// response) and ends the lease at once: the next attempt takes the key over with
+// Redrive and Uncertain set and must repeat the call with the same downstream key.
+// The record keeps its fingerprint, so a retry with another payload is refused.
+func (l *Ledger) MarkUncertain(ctx context.Context, lease *Lease) error {
+	return l.markUncertain(ctx, l.pool, lease)
+}
+
+// MarkUncertainTx is [Ledger.MarkUncertain] inside the caller's transaction.
+func (l *Ledger) MarkUncertainTx(ctx context.Context, tx pgx.Tx, lease *Lease) error {
+	return l.markUncertain(ctx, tx, lease)
+}
+
+func (l *Ledger) markUncertain(ctx context.Context, q querier, lease *Lease) error {
+	if err := l.checkLease(lease); err != nil {
+		return err
+	}
+	tag, err := q.Exec(ctx, l.q.uncertain, l.leaseArgs(lease)...)
+	if err == nil && tag.RowsAffected() == 0 {
+		err = pgx.ErrNoRows
+	}
+	if err != nil {
+		return l.finishErr(ctx, q, lease, err)
+	}
+	return nil
+}
+
+// Extend renews the lease for d from now, for a call that takes longer than planned.
+// It updates lease.Until.
+func (l *Ledger) Extend(ctx context.Context, lease *Lease, d time.Duration) error {
+	return l.extend(ctx, l.pool, lease, d)
+}
+
+// ExtendTx is [Ledger.Extend] inside the caller's transaction.
+func (l *Ledger) ExtendTx(ctx context.Context, tx pgx.Tx, lease *Lease, d time.Duration) error {
+	return l.extend(ctx, tx, lease, d)
+}
+
+func (l *Ledger) extend(ctx context.Context, q querier, lease *Lease, d time.Duration) error {
+	if err := l.checkLease(lease); err != nil {
+		return err
+	}
+	if d <= 0 {
+		return errors.New("oncekit/ledger: Extend needs a positive duration")
+	}
+	var until time.Time
+	if err := q.QueryRow(ctx, l.q.extend, l.leaseArgs(lease, interval(d))...).Scan(&until); err != nil {
+		return l.finishErr(ctx, q, lease, err)
+	}
+	lease.Until = until
+	return nil
+}
+
+func (l *Ledger) checkLease(lease *Lease) error {
+	if lease == nil {
+		return errors.New("oncekit/ledger: nil lease: pass the lease returned by Claim")
+	}
+	if lease.Token == uuid.Nil {
+		return errors.New("oncekit/ledger: lease has no token: pass the lease returned by Claim")
+	}
+	if err := lease.Scope.Validate(); err != nil {
+		return err
+	}
+	return lease.Key.ValidateLen(l.cfg.MaxKeyLen)
+}
+
+func (l *Ledger) leaseArgs(lease *Lease, extra ...any) []any {
+	return append([]any{lease.Scope.Tenant, lease.Scope.Operation, string(lease.Key), l.now(), lease.Token}, extra...)
+}
+
+// finishErr turns "no row matched the token" into a LeaseLostError with the record as
+// it is now.
+func (l *Ledger) finishErr(ctx context.Context, q querier, lease *Lease, err error) error {
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("oncekit/ledger: finish %q in %s: %w", lease.Key, lease.Scope, err)
+	}
+	cur, lerr := l.lookup(ctx, q, lease.Scope, lease.Key)
+	if lerr != nil {
+		return fmt.Errorf("oncekit/ledger: finish %q in %s: %w", lease.Key, lease.Scope, lerr)
+	}
+	return &LeaseLostError{Scope: lease.Scope, Key: lease.Key, Current: cur}
+}

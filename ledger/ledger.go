@@ -1,0 +1,173 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncekit/oncekit/keys"
+)
+
+// Defaults of [Config] and the per-call options.
+const (
+	// SchemaDefault is the schema the ledger's table lives in.
+	SchemaDefault = "oncekit"
+	// RetentionDefault is how long a record is kept: long enough to outlive client
+	// retries, broker redelivery, webhook replay and operator replays of a week-long
+	// business process. Set a longer one per operation for settlement-length horizons.
+	RetentionDefault = 30 * 24 * time.Hour
+	// LeaseDefault is how long an external-effect claim is owned before another attempt
+	// may take it over.
+	LeaseDefault = 5 * time.Minute
+	// MaxBodyDefault is the largest stored result body, in bytes.
+	MaxBodyDefault = 1 << 20
+	// WaitDefault is how long a call waits for a concurrent duplicate to finish before it
+	// returns an [*InProgressError]. Zero means fail fast.
+	WaitDefault = time.Duration(0)
+)
+
+// Beginner starts a transaction. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Config configures a [Ledger]. A nil *Config means all defaults.
+type Config struct {
+	// Schema is the schema holding the ledger's table, as given to [Migrate].
+	// Defaults to [SchemaDefault].
+	Schema string
+	// Retention is how long records are kept when the operation has no entry in
+	// OperationRetention. Defaults to [RetentionDefault].
+	Retention time.Duration
+	// OperationRetention sets the retention of individual operations, by operation name,
+	// so each operation keeps its records for its own replay horizon. Defaults to none.
+	OperationRetention map[string]time.Duration
+	// Lease is how long an external-effect claim is owned. Defaults to [LeaseDefault].
+	Lease time.Duration
+	// MaxBodyBytes is the largest result body the ledger stores; a larger one is refused
+	// with a [*BodyTooLargeError] and nothing is written. Defaults to [MaxBodyDefault].
+	MaxBodyBytes int
+	// MaxKeyLen is the longest key accepted, in bytes. Defaults to [keys.MaxLenDefault].
+	MaxKeyLen int
+	// NowFunc, when set, replaces the database clock for expiry and leases. It exists for
+	// tests that move time; production code leaves it nil so every node shares the
+	// database's clock. Defaults to nil.
+	NowFunc func() time.Time
+}
+
+// Ledger is the dedup ledger: records keyed by (tenant, operation, key) in PostgreSQL.
+// It is safe for concurrent use.
+type Ledger struct {
+	pool *pgxpool.Pool
+	cfg  Config
+	q    queries
+}
+
+// New returns a ledger on pool. The schema must have been migrated with [Migrate].
+func New(pool *pgxpool.Pool, cfg *Config) (*Ledger, error) {
+	if pool == nil {
+		return nil, errors.New("oncekit/ledger: New needs a pool")
+	}
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Schema == "" {
+		c.Schema = SchemaDefault
+	}
+	if c.Retention == 0 {
+		c.Retention = RetentionDefault
+	}
+	if c.Lease == 0 {
+		c.Lease = LeaseDefault
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = MaxBodyDefault
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = keys.MaxLenDefault
+	}
+	if c.Retention < 0 || c.Lease < 0 || c.MaxBodyBytes < 0 || c.MaxKeyLen < 0 {
+		return nil, errors.New("oncekit/ledger: Config durations and limits must not be negative")
+	}
+	for op, d := range c.OperationRetention {
+		if d <= 0 {
+			return nil, fmt.Errorf("oncekit/ledger: OperationRetention[%q] must be positive", op)
+		}
+	}
+	return &Ledger{pool: pool, cfg: c, q: newQueries(c.Schema)}, nil
+}
+
+// Pool returns the pool the ledger runs on.
+func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }
+
+// Schema returns the schema the ledger's table lives in.
+func (l *Ledger) Schema() string { return l.cfg.Schema }
+
+func (l *Ledger) retention(op string, override time.Duration) time.Duration {
+	if override > 0 {
+		return override
+	}
+	if d, ok := l.cfg.OperationRetention[op]; ok {
+		return d
+	}
+	return l.cfg.Retention
+}
+
+// now returns the stubbed time, or nil so that SQL uses the database's now().
+func (l *Ledger) now() *time.Time {
+	if l.cfg.NowFunc == nil {
+		return nil
+	}
+	t := l.cfg.NowFunc()
+	return &t
+}
+
+func (l *Ledger) validate(scope keys.Scope, key keys.Key, fp keys.Fingerprint) error {
+	if err := scope.Validate(); err != nil {
+		return err
+	}
+	if err := key.ValidateLen(l.cfg.MaxKeyLen); err != nil {
+		return err
+	}
+	return fp.Validate()
+}
+
+func (l *Ledger) checkResponse(resp Response) error {
+	if len(resp.Body) > l.cfg.MaxBodyBytes {
+		return &BodyTooLargeError{Size: len(resp.Body), Limit: l.cfg.MaxBodyBytes}
+	}
+	return nil
+}
+
+// Get returns the record of key in scope, expired or not, for operators and tests. It
+// returns [ErrNotFound] when there is none.
+func (l *Ledger) Get(ctx context.Context, scope keys.Scope, key keys.Key) (*Record, error) {
+	return l.get(ctx, l.pool, scope, key)
+}
+
+// GetTx is [Ledger.Get] inside the caller's transaction.
+func (l *Ledger) GetTx(ctx context.Context, tx pgx.Tx, scope keys.Scope, key keys.Key) (*Record, error) {
+	return l.get(ctx, tx, scope, key)
+}
+
+func (l *Ledger) get(ctx context.Context, q querier, scope keys.Scope, key keys.Key) (*Record, error) {
+	if err := scope.Validate(); err != nil {
+		return nil, err
+	}
+	if err := key.ValidateLen(l.cfg.MaxKeyLen); err != nil {
+		return nil, err
+	}
+	rec, err := l.lookup(ctx, q, scope, key)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, ErrNotFound
+	}
+	return rec, nil
+}

@@ -1,0 +1,112 @@
+package ledger_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekit/oncekit/internal/pgtest"
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/ledger"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// testBundle is what a test needs beside the ledger.
+type testBundle struct {
+	pool   *pgxpool.Pool
+	schema string
+	clock  *stubClock
+}
+
+// setup migrates the ledger into a fresh schema with an "orders" business table and a
+// stubbed clock that starts at the database's time.
+func setup(t *testing.T, cfg *ledger.Config) (*ledger.Ledger, *testBundle) {
+	t.Helper()
+	ctx := context.Background()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := ledger.Migrate(ctx, pool, schema)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text NOT NULL, item text NOT NULL, amount bigint NOT NULL)`)
+	require.NoError(t, err)
+	var dbNow time.Time
+	require.NoError(t, pool.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
+	clock := &stubClock{now: dbNow}
+	c := ledger.Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Schema = schema
+	if c.NowFunc == nil {
+		c.NowFunc = clock.Now
+	}
+	l, err := ledger.New(pool, &c)
+	require.NoError(t, err)
+	return l, &testBundle{pool: pool, schema: schema, clock: clock}
+}
+
+type stubClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *stubClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *stubClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// order is a business request.
+type order struct {
+	Item   string `json:"item"`
+	Amount int64  `json:"amount"`
+}
+
+func intent(t testing.TB, tenant, key string, req any) ledger.Intent {
+	t.Helper()
+	fp, err := keys.FingerprintJSON(req)
+	require.NoError(t, err)
+	return ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: "orders.create"}, Key: keys.Key(key), Fingerprint: fp}
+}
+
+// createOrder is the mutation under test: it inserts an order and returns its ID.
+func createOrder(tenant string, o order) ledger.Func {
+	return func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+		var id int64
+		if err := tx.QueryRow(ctx, "INSERT INTO orders (tenant, item, amount) VALUES ($1, $2, $3) RETURNING id",
+			tenant, o.Item, o.Amount).Scan(&id); err != nil {
+			return ledger.Response{}, err
+		}
+		body := []byte(`{"order_id":` + itoa(id) + `,"item":"` + o.Item + `"}`)
+		return ledger.Response{Code: 201, Body: body, ResourceRef: "order/" + itoa(id)}, nil
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func countOrders(t testing.TB, pool *pgxpool.Pool, tenant string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM orders WHERE tenant = $1", tenant).Scan(&n))
+	return n
+}
+
+func countRecords(t testing.TB, pool *pgxpool.Pool, schema string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM "+pgx.Identifier{schema, "idempotency_records"}.Sanitize()).Scan(&n))
+	return n
+}

@@ -1,0 +1,67 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PurgeBatchDefault is how many records one purge statement deletes at most.
+const PurgeBatchDefault = 1000
+
+// PurgeOpts are options of [Ledger.Purge]. A nil *PurgeOpts means all defaults.
+type PurgeOpts struct {
+	// BatchSize is the most records one statement deletes, which bounds how long it
+	// holds locks. Defaults to [PurgeBatchDefault].
+	BatchSize int
+	// MaxBatches stops the purge after this many statements; 0 runs until no expired
+	// record is left. Defaults to 0.
+	MaxBatches int
+}
+
+// PurgeResult reports what [Ledger.Purge] deleted.
+type PurgeResult struct {
+	Deleted int64
+	Batches int
+}
+
+// Purge deletes expired records in batches, oldest first. Records whose lease is still
+// live are kept. Many purgers may run at once, on many nodes: each batch skips rows
+// another purger has locked. Expiry does not wait for the purge: an expired record
+// already counts as absent.
+func (l *Ledger) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
+	return l.purge(ctx, l.pool, opts)
+}
+
+// PurgeTx is [Ledger.Purge] inside the caller's transaction.
+func (l *Ledger) PurgeTx(ctx context.Context, tx pgx.Tx, opts *PurgeOpts) (PurgeResult, error) {
+	return l.purge(ctx, tx, opts)
+}
+
+func (l *Ledger) purge(ctx context.Context, q querier, opts *PurgeOpts) (PurgeResult, error) {
+	o := PurgeOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = PurgeBatchDefault
+	}
+	if o.BatchSize < 0 || o.MaxBatches < 0 {
+		return PurgeResult{}, errors.New("oncekit/ledger: PurgeOpts values must not be negative")
+	}
+	var res PurgeResult
+	for o.MaxBatches == 0 || res.Batches < o.MaxBatches {
+		tag, err := q.Exec(ctx, l.q.purge, l.now(), o.BatchSize)
+		if err != nil {
+			return res, fmt.Errorf("oncekit/ledger: purge: %w", err)
+		}
+		res.Batches++
+		res.Deleted += tag.RowsAffected()
+		if tag.RowsAffected() < int64(o.BatchSize) {
+			break
+		}
+	}
+	return res, nil
+}

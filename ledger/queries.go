@@ -1,0 +1,176 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/oncekit/oncekit/keys"
+)
+
+// querier is what both a pool and a transaction offer.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// queries holds the ledger's SQL with the schema's table name filled in. Every
+// statement takes the clock as a nullable timestamptz parameter: NULL means now().
+type queries struct {
+	table       string
+	lookup      string
+	claim       string // external mode: insert or take over, returning the claim
+	complete    string
+	fail        string
+	release     string
+	uncertain   string
+	extend      string
+	purge       string
+	insertLocal string // DoTx: claim inside the caller's transaction
+	// The local mode holds the uncommitted record, so it finishes it by key alone.
+	completeLocal string
+	failLocal     string
+}
+
+const recordColumns = `fingerprint, state, status_code, body, error_code, error_message, resource_ref,
+	owner_token, lease_until, uncertain, attempts, created_at, updated_at, expires_at`
+
+func newQueries(schema string) queries {
+	t := pgx.Identifier{schema, "idempotency_records"}.Sanitize()
+	now := "coalesce($4::timestamptz, now())"
+	pk := "tenant = $1 AND operation = $2 AND key = $3"
+	return queries{
+		table: t,
+		lookup: `SELECT ` + recordColumns + `,
+			expires_at <= ` + now + `,
+			coalesce(lease_until <= ` + now + `, true)
+			FROM ` + t + ` WHERE ` + pk,
+		// $5 fingerprint, $6 token, $7 lease, $8 retention. Takes over an expired record
+		// (as a new intent) or a pending one whose lease ran out (same intent, next attempt).
+		claim: `INSERT INTO ` + t + ` AS r (tenant, operation, key, fingerprint, state, owner_token, lease_until,
+				attempts, created_at, updated_at, expires_at)
+			VALUES ($1, $2, $3, $5, 'pending', $6, ` + now + ` + $7::interval, 1, ` + now + `, ` + now + `, ` + now + ` + $8::interval)
+			ON CONFLICT (tenant, operation, key) DO UPDATE SET
+				owner_token = excluded.owner_token,
+				lease_until = excluded.lease_until,
+				updated_at = excluded.updated_at,
+				state = 'pending', status_code = 0, body = NULL, error_code = NULL, error_message = NULL, resource_ref = NULL,
+				fingerprint = CASE WHEN r.expires_at <= ` + now + ` THEN excluded.fingerprint ELSE r.fingerprint END,
+				uncertain = CASE WHEN r.expires_at <= ` + now + ` THEN false ELSE r.uncertain END,
+				attempts = CASE WHEN r.expires_at <= ` + now + ` THEN 1 ELSE r.attempts + 1 END,
+				created_at = CASE WHEN r.expires_at <= ` + now + ` THEN excluded.created_at ELSE r.created_at END,
+				expires_at = CASE WHEN r.expires_at <= ` + now + ` THEN excluded.expires_at ELSE greatest(r.expires_at, excluded.expires_at) END
+			WHERE r.expires_at <= ` + now + `
+				OR (r.state = 'pending' AND r.lease_until <= ` + now + ` AND r.fingerprint = excluded.fingerprint)
+			RETURNING r.attempts, r.uncertain, r.lease_until, r.created_at`,
+		// $5 token, $6 status, $7 body, $8 resource ref.
+		complete: `UPDATE ` + t + ` SET state = 'completed', status_code = $6, body = $7, resource_ref = $8,
+				owner_token = NULL, lease_until = NULL, updated_at = ` + now + `
+			WHERE ` + pk + ` AND state = 'pending' AND owner_token = $5
+			RETURNING attempts, created_at`,
+		// $5 token, $6 error code, $7 error message.
+		fail: `UPDATE ` + t + ` SET state = 'failed', error_code = $6, error_message = $7,
+				owner_token = NULL, lease_until = NULL, updated_at = ` + now + `
+			WHERE ` + pk + ` AND state = 'pending' AND owner_token = $5
+			RETURNING attempts, created_at`,
+		// $4 token.
+		release: `DELETE FROM ` + t + ` WHERE ` + pk + ` AND state = 'pending' AND owner_token = $4`,
+		// The lease ends now, so the next attempt takes over at once and re-drives the call.
+		uncertain: `UPDATE ` + t + ` SET uncertain = true, owner_token = NULL, lease_until = ` + now + `, updated_at = ` + now + `
+			WHERE ` + pk + ` AND state = 'pending' AND owner_token = $5`,
+		// $5 token, $6 lease.
+		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + $6::interval, updated_at = ` + now + `
+			WHERE ` + pk + ` AND state = 'pending' AND owner_token = $5
+			RETURNING lease_until`,
+		// $1 now, $2 batch size. SKIP LOCKED lets many purgers share the work.
+		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY (
+				SELECT ctid FROM ` + t + `
+				WHERE expires_at <= coalesce($1::timestamptz, now())
+				  AND (state <> 'pending' OR lease_until IS NULL OR lease_until <= coalesce($1::timestamptz, now()))
+				ORDER BY expires_at
+				LIMIT $2
+				FOR UPDATE SKIP LOCKED))`,
+		// $5 fingerprint, $6 retention.
+		insertLocal: `INSERT INTO ` + t + ` (tenant, operation, key, fingerprint, state, attempts, created_at, updated_at, expires_at)
+			VALUES ($1, $2, $3, $5, 'pending', 1, ` + now + `, ` + now + `, ` + now + ` + $6::interval)
+			ON CONFLICT (tenant, operation, key) DO NOTHING`,
+		// $4 status, $5 body, $6 resource ref.
+		completeLocal: `UPDATE ` + t + ` SET state = 'completed', status_code = $4, body = $5, resource_ref = $6
+			WHERE ` + pk + ` AND state = 'pending'`,
+		// $4 error code, $5 error message.
+		failLocal: `UPDATE ` + t + ` SET state = 'failed', error_code = $4, error_message = $5
+			WHERE ` + pk + ` AND state = 'pending'`,
+	}
+}
+
+// deleteExpired removes an expired record of the key so that an insert can take its
+// place; it writes nothing when the record is live.
+func (q queries) deleteExpired() string {
+	return `DELETE FROM ` + q.table + ` WHERE tenant = $1 AND operation = $2 AND key = $3
+		AND expires_at <= coalesce($4::timestamptz, now())`
+}
+
+func (l *Ledger) lookup(ctx context.Context, q querier, scope keys.Scope, key keys.Key) (*Record, error) {
+	r := &Record{Scope: scope, Key: key}
+	var (
+		fp, state            string
+		body                 []byte
+		errCode, errMsg, ref *string
+		token                *uuid.UUID
+		leaseUntil           *time.Time
+		statusCode, attempts int32
+	)
+	err := q.QueryRow(ctx, l.q.lookup, scope.Tenant, scope.Operation, string(key), l.now()).Scan(
+		&fp, &state, &statusCode, &body, &errCode, &errMsg, &ref, &token, &leaseUntil, &r.Uncertain,
+		&attempts, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &r.Expired, &r.LeaseExpired)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	r.Fingerprint, r.State = keys.Fingerprint(fp), State(state)
+	r.Response = Response{Code: int(statusCode), Body: body, ResourceRef: deref(ref)}
+	r.ErrorCode, r.ErrorMessage = deref(errCode), deref(errMsg)
+	if token != nil {
+		r.OwnerToken = *token
+	}
+	if leaseUntil != nil {
+		r.LeaseUntil = *leaseUntil
+	}
+	r.Attempts = int(attempts)
+	return r, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// interval renders d as a PostgreSQL interval literal in microseconds.
+func interval(d time.Duration) string {
+	return strconv.FormatInt(d.Microseconds(), 10) + " microseconds"
+}
+
+// quoteLiteral quotes s as a SQL string literal. It is only used for values validated as
+// printable ASCII (tenant, operation, key, fingerprint), on connections that report
+// standard_conforming_strings=on, where doubling the quote is the complete escape.
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
