@@ -47,6 +47,9 @@ func (e *ValidationError) Error() string {
 	case errors.Is(e.Err, ErrTooLong):
 		return fmt.Sprintf("oncekit/keys: %s is %d bytes, over the limit of %d: shorten it or use keys.Derive for a fixed-length key",
 			e.Field, e.Len, e.Limit)
+	case errors.Is(e.Err, ErrInvalidByte) && e.Field == "purpose":
+		return fmt.Sprintf("oncekit/keys: purpose %q has byte %#02x at offset %d: use letters, digits, '-', '_' and '.'",
+			e.Value, e.Byte, e.Offset)
 	case errors.Is(e.Err, ErrInvalidByte):
 		return fmt.Sprintf("oncekit/keys: %s %q has byte %#02x at offset %d: only printable ASCII (0x20-0x7e) is allowed",
 			e.Field, e.Value, e.Byte, e.Offset)

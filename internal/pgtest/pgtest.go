@@ -41,6 +41,8 @@ func run(m *testing.M) int {
 	}
 	defer c.Close()
 	cluster, baseURL = c, c.ConnString()
+	// Runnable examples read DATABASE_URL, as user code does.
+	os.Setenv("DATABASE_URL", baseURL)
 	return m.Run()
 }
 

@@ -1,0 +1,80 @@
+package ledger_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekit/oncekit/internal/pgtest"
+	"github.com/oncekit/oncekit/ledger"
+)
+
+// Several purgers at once delete every expired record exactly once, in batches, and
+// keep live ones.
+func TestPurge_ConcurrentBatches(t *testing.T) {
+	t.Parallel()
+	l, b := setup(t, &ledger.Config{Retention: time.Hour})
+	ctx := context.Background()
+	noop := func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) { return ledger.Response{Code: 200}, nil }
+	for i := range 250 {
+		_, err := l.Do(ctx, intent(t, "acme", fmt.Sprintf("old-%d", i), i), noop, nil)
+		require.NoError(t, err)
+	}
+	b.clock.Advance(30 * time.Minute)
+	for i := range 10 {
+		_, err := l.Do(ctx, intent(t, "acme", fmt.Sprintf("new-%d", i), i), noop, nil)
+		require.NoError(t, err)
+	}
+	b.clock.Advance(31 * time.Minute) // the old ones expired, the new ones not
+
+	var deleted atomic.Int64
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			res, err := l.Purge(ctx, &ledger.PurgeOpts{BatchSize: 20})
+			if assertNoError(t, err) {
+				deleted.Add(res.Deleted)
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int64(250), deleted.Load())
+	require.Equal(t, 10, countRecords(t, b.pool, b.schema))
+
+	res, err := l.Purge(ctx, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(0), res.Deleted)
+}
+
+// Many processes migrating one schema at once apply each migration exactly once.
+func TestMigrate_Concurrent(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.NewSchema(t)
+	ctx := context.Background()
+	target := schema + "_ledger"
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{target}.Sanitize()+" CASCADE") })
+	var applied atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			res, err := ledger.Migrate(ctx, pool, target)
+			if assertNoError(t, err) {
+				applied.Add(int32(len(res.Applied)))
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int32(1), applied.Load())
+	res, err := ledger.Migrate(ctx, pool, target)
+	require.NoError(t, err)
+	require.Empty(t, res.Applied)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{target, "oncekit_migrations"}.Sanitize()).Scan(&n))
+	require.Equal(t, 1, n)
+}
