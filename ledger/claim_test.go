@@ -194,4 +194,3 @@ func TestClaim_RaceForExpiredLease(t *testing.T) {
 	require.Equal(t, int32(1), wins.Load())
 	require.Equal(t, int32(31), busy.Load())
 }
-

@@ -103,14 +103,14 @@ func (l *Ledger) precheck(ctx context.Context, in Intent, fn Func, o DoOpts) err
 type localTx interface {
 	// q reads records: outside any transaction for ownTx, inside the caller's for callerTx.
 	q() querier
-	// claim inserts the pending record. claimed is false when a live record holds the
-	// key. A lock timeout surfaces as a *pgconn.PgError with code 55P03.
-	claim(ctx context.Context, in Intent, retention, wait time.Duration) (claimed bool, err error)
+	// claim takes the key for this transaction. claimed is false when a live record
+	// holds the key. A wait that runs out surfaces as a *pgconn.PgError with code 55P03.
+	claim(ctx context.Context, in Intent, wait time.Duration) (claimed bool, err error)
 	tx() pgx.Tx
 	// commit stores the response and commits (or releases the caller's savepoint).
-	commit(ctx context.Context, in Intent, resp Response) error
+	commit(ctx context.Context, in Intent, resp Response, retention time.Duration) error
 	// commitFailure undoes fn's writes, stores the failure and commits.
-	commitFailure(ctx context.Context, in Intent, derr *DefinitiveError) error
+	commitFailure(ctx context.Context, in Intent, derr *DefinitiveError, retention time.Duration) error
 	// abort undoes the claim and fn's writes.
 	abort(ctx context.Context) error
 }
@@ -126,7 +126,7 @@ func (l *Ledger) do(ctx context.Context, in Intent, fn Func, o DoOpts, lt localT
 	}
 	for try := 0; ; try++ {
 		wait := max(o.Wait-time.Since(start), 0)
-		claimed, err := lt.claim(ctx, in, l.retention(in.Scope.Operation, o.Retention), wait)
+		claimed, err := lt.claim(ctx, in, wait)
 		if isLockTimeout(err) {
 			return Result{}, &InProgressError{Scope: in.Scope, Key: in.Key, Waited: time.Since(start)}
 		}
@@ -134,7 +134,7 @@ func (l *Ledger) do(ctx context.Context, in Intent, fn Func, o DoOpts, lt localT
 			return Result{}, fmt.Errorf("oncekit/ledger: claim %q in %s: %w", in.Key, in.Scope, err)
 		}
 		if claimed {
-			return l.execute(ctx, in, fn, lt)
+			return l.execute(ctx, in, fn, lt, l.retention(in.Scope.Operation, o.Retention))
 		}
 		if res, err, done := l.settle(ctx, lt.q(), in, o.Wait, start); done {
 			return res, err
@@ -147,7 +147,7 @@ func (l *Ledger) do(ctx context.Context, in Intent, fn Func, o DoOpts, lt localT
 }
 
 // execute runs fn on a claimed key and finishes the transaction by fn's outcome.
-func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx) (res Result, err error) {
+func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, retention time.Duration) (res Result, err error) {
 	cleanup := context.WithoutCancel(ctx)
 	defer func() {
 		if p := recover(); p != nil {
@@ -159,7 +159,7 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx) (r
 	var derr *DefinitiveError
 	switch {
 	case errors.As(fnErr, &derr):
-		if err := lt.commitFailure(ctx, in, derr); err != nil {
+		if err := lt.commitFailure(ctx, in, derr, retention); err != nil {
 			_ = lt.abort(cleanup)
 			return Result{}, fmt.Errorf("oncekit/ledger: store failure of %q in %s: %w", in.Key, in.Scope, err)
 		}
@@ -174,7 +174,7 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx) (r
 		_ = lt.abort(cleanup)
 		return Result{}, err
 	}
-	if err := lt.commit(ctx, in, resp); err != nil {
+	if err := lt.commit(ctx, in, resp, retention); err != nil {
 		_ = lt.abort(cleanup)
 		return Result{}, fmt.Errorf("oncekit/ledger: store result of %q in %s: %w", in.Key, in.Scope, err)
 	}
@@ -231,16 +231,6 @@ func isLockTimeout(err error) bool {
 func isOwnConflict(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "idempotency_records_pkey"
-}
-
-// lockTimeout renders a wait as a lock_timeout setting. Zero would disable the timeout,
-// so failing fast is the smallest timeout PostgreSQL knows.
-func lockTimeout(wait time.Duration) string {
-	ms := wait.Milliseconds()
-	if ms < 1 {
-		ms = 1
-	}
-	return fmt.Sprintf("%dms", ms)
 }
 
 // managedTx hands fn the transaction without the power to end it.

@@ -3,7 +3,7 @@ package ledger
 import (
 	"context"
 	"errors"
-	"strings"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,60 +20,55 @@ type ownTx struct {
 func (o *ownTx) q() querier { return o.conn }
 func (o *ownTx) tx() pgx.Tx { return o.t }
 
-// claim begins the transaction and claims the key in one round trip: the simple query
-// protocol runs the whole script at once. A live record makes the INSERT fail with a
-// unique violation, which leaves the connection in an aborted transaction to roll back.
-func (o *ownTx) claim(ctx context.Context, in Intent, retention, wait time.Duration) (bool, error) {
-	if o.conn.PgConn().ParameterStatus("standard_conforming_strings") != "on" {
+// claim begins the transaction and claims the key in one round trip: BEGIN, the claim
+// and the savepoint that fences fn's writes travel as one simple-protocol script. A live
+// record makes the claim fail with a unique violation, which leaves the connection in an
+// aborted transaction to roll back.
+func (o *ownTx) claim(ctx context.Context, in Intent, wait time.Duration) (bool, error) {
+	pc := o.conn.PgConn()
+	if pc.ParameterStatus("standard_conforming_strings") != "on" {
 		return false, errors.New("oncekit/ledger: the connection must have standard_conforming_strings=on (the PostgreSQL default)")
 	}
-	t, err := o.conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: o.l.claimScript(in, retention, wait)})
-	if err != nil {
-		if o.conn.PgConn().TxStatus() != 'I' {
-			if _, rbErr := o.conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
-				return false, errors.Join(err, rbErr)
-			}
-		}
-		if isOwnConflict(err) {
-			return false, nil
-		}
-		return false, err
+	t, err := o.conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: o.l.claimScript(in, wait)})
+	if err == nil {
+		o.t = t
+		return true, nil
 	}
-	o.t = t
-	return true, nil
+	if pc.TxStatus() != 'I' {
+		if _, rbErr := o.conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
+			return false, errors.Join(err, rbErr)
+		}
+	}
+	if isOwnConflict(err) {
+		return false, nil
+	}
+	return false, err
 }
 
-// claimScript renders the claim as one script of literal SQL. Every interpolated value
-// is validated printable ASCII or a number.
-func (l *Ledger) claimScript(in Intent, retention, wait time.Duration) string {
-	now := "now()"
+// claimScript renders the claim as one script. Every interpolated value is validated
+// printable ASCII or a number.
+func (l *Ledger) claimScript(in Intent, wait time.Duration) string {
+	now := "NULL"
 	if t := l.now(); t != nil {
-		now = quoteLiteral(t.UTC().Format(time.RFC3339Nano)) + "::timestamptz"
+		now = quoteLiteral(t.UTC().Format(time.RFC3339Nano))
 	}
-	pk := "tenant = " + quoteLiteral(in.Scope.Tenant) + " AND operation = " + quoteLiteral(in.Scope.Operation) +
-		" AND key = " + quoteLiteral(string(in.Key))
-	var b strings.Builder
-	b.WriteString("BEGIN; SET LOCAL lock_timeout = '" + lockTimeout(wait) + "';\n")
-	b.WriteString("DELETE FROM " + l.q.table + " WHERE " + pk + " AND expires_at <= " + now + ";\n")
-	b.WriteString("INSERT INTO " + l.q.table + " (tenant, operation, key, fingerprint, state, attempts, created_at, updated_at, expires_at) VALUES (")
-	b.WriteString(quoteLiteral(in.Scope.Tenant) + ", " + quoteLiteral(in.Scope.Operation) + ", " + quoteLiteral(string(in.Key)) + ", ")
-	b.WriteString(quoteLiteral(string(in.Fingerprint)) + ", 'pending', 1, " + now + ", " + now + ", " + now + " + interval '" + interval(retention) + "');\n")
-	b.WriteString("SET LOCAL lock_timeout TO DEFAULT; SAVEPOINT oncekit_fn")
-	return b.String()
+	return "BEGIN; SELECT " + l.q.claimFunc + "(" + quoteLiteral(in.Scope.Tenant) + ", " +
+		quoteLiteral(in.Scope.Operation) + ", " + quoteLiteral(string(in.Key)) + ", " + now + ", " +
+		strconv.FormatInt(waitMillis(wait), 10) + "); SAVEPOINT oncekit_fn"
 }
 
-// commit sends the result and COMMIT in one round trip.
-func (o *ownTx) commit(ctx context.Context, in Intent, resp Response) error {
+// commit inserts the completed record and commits, in one round trip.
+func (o *ownTx) commit(ctx context.Context, in Intent, resp Response, retention time.Duration) error {
 	b := &pgx.Batch{}
-	b.Queue(o.l.q.completeLocal, in.Scope.Tenant, in.Scope.Operation, string(in.Key), resp.Code, resp.Body, nullable(resp.ResourceRef))
+	b.Queue(o.l.q.insertCompleted, o.l.completedArgs(in, resp, retention)...)
 	b.Queue("COMMIT")
 	return o.finish(ctx, b)
 }
 
-func (o *ownTx) commitFailure(ctx context.Context, in Intent, derr *DefinitiveError) error {
+func (o *ownTx) commitFailure(ctx context.Context, in Intent, derr *DefinitiveError, retention time.Duration) error {
 	b := &pgx.Batch{}
 	b.Queue("ROLLBACK TO SAVEPOINT oncekit_fn")
-	b.Queue(o.l.q.failLocal, in.Scope.Tenant, in.Scope.Operation, string(in.Key), derr.Code, derr.Message)
+	b.Queue(o.l.q.insertFailed, o.l.failedArgs(in, derr, retention)...)
 	b.Queue("COMMIT")
 	return o.finish(ctx, b)
 }
@@ -129,67 +124,43 @@ type callerTx struct {
 func (c *callerTx) q() querier { return c.outer }
 func (c *callerTx) tx() pgx.Tx { return c.outer }
 
-func (c *callerTx) claim(ctx context.Context, in Intent, retention, wait time.Duration) (bool, error) {
-	pk := []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), c.l.now()}
+func (c *callerTx) claim(ctx context.Context, in Intent, wait time.Duration) (bool, error) {
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT oncekit_claim")
-	// Keep the caller's lock_timeout to restore it after the claim.
-	b.Queue("SELECT set_config('oncekit.saved_lock_timeout', current_setting('lock_timeout'), true)")
-	b.Queue("SELECT set_config('lock_timeout', $1, true)", lockTimeout(wait))
-	b.Queue(c.l.q.deleteExpired(), pk...)
-	b.Queue(c.l.q.insertLocal, append(pk, string(in.Fingerprint), interval(retention))...)
-	b.Queue("SELECT set_config('lock_timeout', current_setting('oncekit.saved_lock_timeout'), true)")
+	b.Queue("SELECT "+c.l.q.claimFunc+"($1, $2, $3, $4, $5)",
+		in.Scope.Tenant, in.Scope.Operation, string(in.Key), c.l.now(), waitMillis(wait))
 	b.Queue("SAVEPOINT oncekit_fn")
-	res := c.outer.SendBatch(ctx, b)
-	var claimed bool
-	var err error
-	for i := range b.Len() {
-		tag, e := res.Exec()
-		if e != nil {
-			err = e
-			break
+	if err := c.l.sendAll(ctx, c.outer, b); err != nil {
+		if rbErr := c.abort(context.WithoutCancel(ctx)); rbErr != nil {
+			return false, errors.Join(err, rbErr)
 		}
-		if i == 4 {
-			claimed = tag.RowsAffected() == 1
+		if isOwnConflict(err) {
+			return false, nil
 		}
-	}
-	if cerr := res.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		_ = c.run(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT oncekit_claim", "RELEASE SAVEPOINT oncekit_claim")
 		return false, err
-	}
-	if !claimed {
-		return false, c.run(ctx, "RELEASE SAVEPOINT oncekit_claim")
 	}
 	return true, nil
 }
 
-func (c *callerTx) commit(ctx context.Context, in Intent, resp Response) error {
+func (c *callerTx) commit(ctx context.Context, in Intent, resp Response, retention time.Duration) error {
 	b := &pgx.Batch{}
-	b.Queue(c.l.q.completeLocal, in.Scope.Tenant, in.Scope.Operation, string(in.Key), resp.Code, resp.Body, nullable(resp.ResourceRef))
+	b.Queue(c.l.q.insertCompleted, c.l.completedArgs(in, resp, retention)...)
 	b.Queue("RELEASE SAVEPOINT oncekit_claim")
 	return c.l.sendAll(ctx, c.outer, b)
 }
 
-func (c *callerTx) commitFailure(ctx context.Context, in Intent, derr *DefinitiveError) error {
+func (c *callerTx) commitFailure(ctx context.Context, in Intent, derr *DefinitiveError, retention time.Duration) error {
 	b := &pgx.Batch{}
 	b.Queue("ROLLBACK TO SAVEPOINT oncekit_fn")
-	b.Queue(c.l.q.failLocal, in.Scope.Tenant, in.Scope.Operation, string(in.Key), derr.Code, derr.Message)
+	b.Queue(c.l.q.insertFailed, c.l.failedArgs(in, derr, retention)...)
 	b.Queue("RELEASE SAVEPOINT oncekit_claim")
 	return c.l.sendAll(ctx, c.outer, b)
 }
 
 func (c *callerTx) abort(ctx context.Context) error {
-	return c.run(ctx, "ROLLBACK TO SAVEPOINT oncekit_claim", "RELEASE SAVEPOINT oncekit_claim")
-}
-
-func (c *callerTx) run(ctx context.Context, stmts ...string) error {
 	b := &pgx.Batch{}
-	for _, s := range stmts {
-		b.Queue(s)
-	}
+	b.Queue("ROLLBACK TO SAVEPOINT oncekit_claim")
+	b.Queue("RELEASE SAVEPOINT oncekit_claim")
 	return c.l.sendAll(ctx, c.outer, b)
 }
 
@@ -207,4 +178,22 @@ func (l *Ledger) sendAll(ctx context.Context, q querier, b *pgx.Batch) error {
 		err = cerr
 	}
 	return err
+}
+
+func (l *Ledger) completedArgs(in Intent, resp Response, retention time.Duration) []any {
+	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(), string(in.Fingerprint),
+		interval(retention), resp.Code, resp.Body, nullable(resp.ResourceRef)}
+}
+
+func (l *Ledger) failedArgs(in Intent, derr *DefinitiveError, retention time.Duration) []any {
+	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(), string(in.Fingerprint),
+		interval(retention), derr.Code, derr.Message}
+}
+
+// waitMillis renders a wait for the claim function: 0 means do not wait at all.
+func waitMillis(wait time.Duration) int64 {
+	if wait <= 0 {
+		return 0
+	}
+	return max(wait.Milliseconds(), 1)
 }

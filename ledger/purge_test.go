@@ -58,7 +58,9 @@ func TestMigrate_Concurrent(t *testing.T) {
 	pool, schema := pgtest.NewSchema(t)
 	ctx := context.Background()
 	target := schema + "_ledger"
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{target}.Sanitize()+" CASCADE") })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{target}.Sanitize()+" CASCADE")
+	})
 	var applied atomic.Int32
 	var wg sync.WaitGroup
 	for range 8 {

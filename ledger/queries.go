@@ -21,22 +21,23 @@ type querier interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// queries holds the ledger's SQL with the schema's table name filled in. Every
-// statement takes the clock as a nullable timestamptz parameter: NULL means now().
+// queries holds the ledger's SQL with the schema filled in. Statements about one key
+// take it as $1 tenant, $2 operation, $3 key, and the clock as $4, a nullable
+// timestamptz: NULL means the database's now().
 type queries struct {
-	table       string
-	lookup      string
-	claim       string // external mode: insert or take over, returning the claim
-	complete    string
-	fail        string
-	release     string
-	uncertain   string
-	extend      string
-	purge       string
-	insertLocal string // DoTx: claim inside the caller's transaction
-	// The local mode holds the uncommitted record, so it finishes it by key alone.
-	completeLocal string
-	failLocal     string
+	lookup    string
+	claimFunc string // local mode: oncekit_claim(tenant, operation, key, now, wait_ms)
+	// The local mode inserts its record, with the result, just before it commits.
+	insertCompleted string
+	insertFailed    string
+	// The external mode claims, then finishes the record under the owner token.
+	claim     string
+	complete  string
+	fail      string
+	release   string
+	uncertain string
+	extend    string
+	purge     string
 }
 
 const recordColumns = `fingerprint, state, status_code, body, error_code, error_message, resource_ref,
@@ -46,12 +47,20 @@ func newQueries(schema string) queries {
 	t := pgx.Identifier{schema, "idempotency_records"}.Sanitize()
 	now := "coalesce($4::timestamptz, now())"
 	pk := "tenant = $1 AND operation = $2 AND key = $3"
+	owned := pk + " AND state = 'pending' AND owner_token = $5"
+	insertFinal := func(state, cols, vals string) string {
+		return `INSERT INTO ` + t + ` (tenant, operation, key, fingerprint, state, ` + cols + `, attempts, created_at, updated_at, expires_at)
+			VALUES ($1, $2, $3, $5, '` + state + `', ` + vals + `, 1, ` + now + `, ` + now + `, ` + now + ` + $6::interval)`
+	}
 	return queries{
-		table: t,
 		lookup: `SELECT ` + recordColumns + `,
 			expires_at <= ` + now + `,
 			coalesce(lease_until <= ` + now + `, true)
 			FROM ` + t + ` WHERE ` + pk,
+		claimFunc: pgx.Identifier{schema, "oncekit_claim"}.Sanitize(),
+		// $5 fingerprint, $6 retention, then the result.
+		insertCompleted: insertFinal("completed", "status_code, body, resource_ref", "$7, $8, $9"),
+		insertFailed:    insertFinal("failed", "error_code, error_message", "$7, $8"),
 		// $5 fingerprint, $6 token, $7 lease, $8 retention. Takes over an expired record
 		// (as a new intent) or a pending one whose lease ran out (same intent, next attempt).
 		claim: `INSERT INTO ` + t + ` AS r (tenant, operation, key, fingerprint, state, owner_token, lease_until,
@@ -73,22 +82,20 @@ func newQueries(schema string) queries {
 		// $5 token, $6 status, $7 body, $8 resource ref.
 		complete: `UPDATE ` + t + ` SET state = 'completed', status_code = $6, body = $7, resource_ref = $8,
 				owner_token = NULL, lease_until = NULL, updated_at = ` + now + `
-			WHERE ` + pk + ` AND state = 'pending' AND owner_token = $5
-			RETURNING attempts, created_at`,
+			WHERE ` + owned + ` RETURNING attempts, created_at`,
 		// $5 token, $6 error code, $7 error message.
 		fail: `UPDATE ` + t + ` SET state = 'failed', error_code = $6, error_message = $7,
 				owner_token = NULL, lease_until = NULL, updated_at = ` + now + `
-			WHERE ` + pk + ` AND state = 'pending' AND owner_token = $5
-			RETURNING attempts, created_at`,
+			WHERE ` + owned + ` RETURNING attempts, created_at`,
 		// $4 token.
 		release: `DELETE FROM ` + t + ` WHERE ` + pk + ` AND state = 'pending' AND owner_token = $4`,
-		// The lease ends now, so the next attempt takes over at once and re-drives the call.
+		// $5 token. The lease ends now, so the next attempt takes over at once and
+		// re-drives the call.
 		uncertain: `UPDATE ` + t + ` SET uncertain = true, owner_token = NULL, lease_until = ` + now + `, updated_at = ` + now + `
-			WHERE ` + pk + ` AND state = 'pending' AND owner_token = $5`,
+			WHERE ` + owned,
 		// $5 token, $6 lease.
 		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + $6::interval, updated_at = ` + now + `
-			WHERE ` + pk + ` AND state = 'pending' AND owner_token = $5
-			RETURNING lease_until`,
+			WHERE ` + owned + ` RETURNING lease_until`,
 		// $1 now, $2 batch size. SKIP LOCKED lets many purgers share the work.
 		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY (
 				SELECT ctid FROM ` + t + `
@@ -97,24 +104,7 @@ func newQueries(schema string) queries {
 				ORDER BY expires_at
 				LIMIT $2
 				FOR UPDATE SKIP LOCKED))`,
-		// $5 fingerprint, $6 retention.
-		insertLocal: `INSERT INTO ` + t + ` (tenant, operation, key, fingerprint, state, attempts, created_at, updated_at, expires_at)
-			VALUES ($1, $2, $3, $5, 'pending', 1, ` + now + `, ` + now + `, ` + now + ` + $6::interval)
-			ON CONFLICT (tenant, operation, key) DO NOTHING`,
-		// $4 status, $5 body, $6 resource ref.
-		completeLocal: `UPDATE ` + t + ` SET state = 'completed', status_code = $4, body = $5, resource_ref = $6
-			WHERE ` + pk + ` AND state = 'pending'`,
-		// $4 error code, $5 error message.
-		failLocal: `UPDATE ` + t + ` SET state = 'failed', error_code = $4, error_message = $5
-			WHERE ` + pk + ` AND state = 'pending'`,
 	}
-}
-
-// deleteExpired removes an expired record of the key so that an insert can take its
-// place; it writes nothing when the record is live.
-func (q queries) deleteExpired() string {
-	return `DELETE FROM ` + q.table + ` WHERE tenant = $1 AND operation = $2 AND key = $3
-		AND expires_at <= coalesce($4::timestamptz, now())`
 }
 
 func (l *Ledger) lookup(ctx context.Context, q querier, scope keys.Scope, key keys.Key) (*Record, error) {
@@ -169,7 +159,7 @@ func interval(d time.Duration) string {
 }
 
 // quoteLiteral quotes s as a SQL string literal. It is only used for values validated as
-// printable ASCII (tenant, operation, key, fingerprint), on connections that report
+// printable ASCII (tenant, operation, key) and timestamps, on connections that report
 // standard_conforming_strings=on, where doubling the quote is the complete escape.
 func quoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
