@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 )
 
 var (
-	mu      sync.Mutex
 	cluster *Cluster // nil when DATABASE_URL is used
 	baseURL string
 )

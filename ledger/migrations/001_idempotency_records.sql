@@ -49,7 +49,8 @@ DECLARE
     v_now   timestamptz := coalesce(p_now, now());
     v_lock  bigint := hashtextextended(p_tenant || E'\x1f' || p_operation || E'\x1f' || p_key,
                                        'idempotency_records'::regclass::oid::bigint);
-    v_saved text;
+    v_saved   text;
+    v_expires timestamptz;
 BEGIN
     IF p_wait_ms <= 0 THEN
         IF NOT pg_try_advisory_xact_lock(v_lock) THEN
@@ -61,12 +62,17 @@ BEGIN
         PERFORM pg_advisory_xact_lock(v_lock);
         PERFORM set_config('lock_timeout', v_saved, true);
     END IF;
-    DELETE FROM idempotency_records
-     WHERE tenant = p_tenant AND operation = p_operation AND key = p_key AND expires_at <= v_now;
-    IF EXISTS (SELECT 1 FROM idempotency_records
-                WHERE tenant = p_tenant AND operation = p_operation AND key = p_key) THEN
+    SELECT expires_at INTO v_expires FROM idempotency_records
+     WHERE tenant = p_tenant AND operation = p_operation AND key = p_key;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_expires > v_now THEN
         RAISE EXCEPTION 'oncekit: key already has a record' USING
             ERRCODE = 'unique_violation', CONSTRAINT = 'idempotency_records_pkey';
     END IF;
+    -- An expired record counts as absent: make way for the new intent.
+    DELETE FROM idempotency_records
+     WHERE tenant = p_tenant AND operation = p_operation AND key = p_key;
 END;
 $$;

@@ -342,9 +342,8 @@ func (e *env) walStats(ctx context.Context) (walStats, error) {
 
 // tripCounter counts round trips: a write that follows a read starts a new one.
 type tripCounter struct {
-	mu      sync.Mutex
-	trips   int64
-	reading map[*countingConn]bool
+	mu    sync.Mutex
+	trips int64
 }
 
 func (t *tripCounter) reset() {

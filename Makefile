@@ -1,0 +1,34 @@
+# oncekit: make help lists the targets.
+SHELL := /usr/bin/env bash
+GO ?= go
+TOOLS_DIR ?= $(HOME)/.cache/oncekit/tools
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
+
+.PHONY: help test bench bench-check lint fmt fuzz
+
+help: ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+test: ## Run every test under -race against a throwaway PostgreSQL (or DATABASE_URL).
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+bench: ## Measure the ledger side by side with the bare mutation; prints "metric <name> <value>".
+	$(GO) run ./internal/cmd/bench
+
+bench-check: ## Run every benchmark briefly, so that none rots.
+	$(GO) run ./internal/cmd/bench -quick
+
+fuzz: ## Run each fuzz target for 20 seconds.
+	@for f in $$($(GO) test -list 'Fuzz.*' ./keys | grep ^Fuzz); do \
+		$(GO) test -run XXX -fuzz "^$$f$$" -fuzztime 20s ./keys || exit 1; done
+
+lint: $(STATICCHECK) ## go vet, gofmt and staticcheck.
+	$(GO) vet ./...
+	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(STATICCHECK) ./...
+
+$(STATICCHECK):
+	@mkdir -p $(TOOLS_DIR)
+	GOBIN=$(TOOLS_DIR) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv $(TOOLS_DIR)/staticcheck $@
