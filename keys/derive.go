@@ -15,7 +15,23 @@ const MaxPurposeLen = 64
 // a retried call sends the same key downstream), opaque (it reveals nothing of the
 // parent, such as workflow IDs, to the provider it is sent to) and short enough for any
 // provider. The purpose is 1 to [MaxPurposeLen] bytes of letters, digits, '-', '_' and '.'.
+//
+// A key sent outside oncekit, to a provider that many tenants share, must come from
+// [DeriveIn], so that equal keys of two tenants never meet at the provider.
 func Derive(parent Key, purpose string) (Key, error) {
+	return derive(parent, purpose, "oncekit.derive.v1\x00")
+}
+
+// DeriveIn is [Derive] for a parent key within scope: the child also depends on the
+// tenant and the operation. Use it for downstream keys, which leave the scope.
+func DeriveIn(scope Scope, parent Key, purpose string) (Key, error) {
+	if err := scope.Validate(); err != nil {
+		return "", err
+	}
+	return derive(parent, purpose, "oncekit.derive-in.v1\x00"+scope.Tenant+"\x00"+scope.Operation+"\x00")
+}
+
+func derive(parent Key, purpose, domain string) (Key, error) {
 	if err := parent.Validate(); err != nil {
 		return "", err
 	}
@@ -23,7 +39,7 @@ func Derive(parent Key, purpose string) (Key, error) {
 		return "", err
 	}
 	h := sha256.New()
-	h.Write([]byte("oncekit.derive.v1\x00"))
+	h.Write([]byte(domain))
 	h.Write([]byte(purpose))
 	h.Write([]byte{0})
 	h.Write([]byte(parent))

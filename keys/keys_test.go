@@ -164,6 +164,17 @@ func TestDerive(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, nested.Validate())
 
+	a, err := keys.DeriveIn(keys.Scope{Tenant: "a", Operation: "pay"}, parent, "charge")
+	require.NoError(t, err)
+	b, err := keys.DeriveIn(keys.Scope{Tenant: "b", Operation: "pay"}, parent, "charge")
+	require.NoError(t, err)
+	require.NotEqual(t, a, b, "two tenants' equal keys never meet downstream")
+	plain, err := keys.Derive(parent, "charge")
+	require.NoError(t, err)
+	require.NotEqual(t, a, plain)
+	_, err = keys.DeriveIn(keys.Scope{}, parent, "charge")
+	require.ErrorIs(t, err, keys.ErrEmpty)
+
 	_, err = keys.Derive(parent, "")
 	require.ErrorIs(t, err, keys.ErrEmpty)
 	_, err = keys.Derive(parent, "has space")

@@ -1,0 +1,200 @@
+package activity
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	tactivity "go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/policy"
+)
+
+// ApplicationError types, re-exported from package policy.
+const (
+	ErrTypeKeyReused  = policy.ErrTypeKeyReused
+	ErrTypeInProgress = policy.ErrTypeInProgress
+	ErrTypeInvalid    = policy.ErrTypeInvalid
+	ErrTypeLeaseLost  = policy.ErrTypeLeaseLost
+)
+
+// WaitDefault is how long an attempt waits, heartbeating, for another attempt that holds
+// its key before it fails with a retryable [ErrTypeInProgress].
+const WaitDefault = 30 * time.Second
+
+// PurposeDefault is the purpose the downstream key of [External] is derived with.
+const PurposeDefault = "downstream"
+
+// Opts are per-call options. A nil *Opts means all defaults.
+type Opts struct {
+	// Ledger is the ledger to record in. Defaults to the one the oncekit worker put in
+	// the activity's context (see package worker).
+	Ledger *ledger.Ledger
+	// Tenant scopes the key. Defaults to the tenant propagated from the workflow (see
+	// [keys.WithTenant]), then to the worker's default tenant.
+	Tenant string
+	// Operation names what the activity does, such as "payments.charge"; it scopes the
+	// key. Defaults to the activity's registered type name, so register activities
+	// under explicit names (package worker does) rather than Go function names.
+	Operation string
+	// Strategy chooses the key from the activity's identity. Defaults to
+	// [keys.RunScoped]. Ignored when Key is set.
+	Strategy keys.Strategy
+	// Key is an explicit business key, such as keys.Business(orderID, "charge"); it
+	// survives workflow resets. Defaults to the key of Strategy.
+	Key keys.Key
+	// Wait bounds how long the attempt waits, heartbeating, for another attempt holding
+	// the key. Defaults to [WaitDefault]; a negative value fails fast.
+	Wait time.Duration
+	// Purpose derives [Call].DownstreamKey in [External]. Defaults to [PurposeDefault].
+	Purpose string
+}
+
+// Definitive returns a business failure that is stored and replayed identically on
+// every retry, and that Temporal does not retry: a non-retryable ApplicationError whose
+// type is code.
+func Definitive(code, message string) error { return ledger.Definitive(code, message) }
+
+type ledgerKey struct{}
+
+// WithLedger returns a copy of ctx carrying l for [Do] and [External]. The oncekit worker
+// does this for every activity it runs.
+func WithLedger(ctx context.Context, l *ledger.Ledger) context.Context {
+	return context.WithValue(ctx, ledgerKey{}, l)
+}
+
+// LedgerFrom returns the ledger carried by ctx, or nil.
+func LedgerFrom(ctx context.Context) *ledger.Ledger {
+	l, _ := ctx.Value(ledgerKey{}).(*ledger.Ledger)
+	return l
+}
+
+// guard is what Do and External share: the resolved ledger, intent and options.
+type guard struct {
+	l       *ledger.Ledger
+	in      ledger.Intent
+	info    tactivity.Info
+	wait    time.Duration
+	purpose string
+}
+
+func newGuard(ctx context.Context, req any, opts *Opts) (*guard, error) {
+	o := Opts{}
+	if opts != nil {
+		o = *opts
+	}
+	if !tactivity.IsActivity(ctx) {
+		return nil, invalid(keys.ErrNotActivity)
+	}
+	info := tactivity.GetInfo(ctx)
+	l := o.Ledger
+	if l == nil {
+		l = LedgerFrom(ctx)
+	}
+	if l == nil {
+		return nil, invalid(errors.New("oncekit/activity: no ledger: run the activity on an oncekit worker, or set Opts.Ledger"))
+	}
+	tenant := o.Tenant
+	if tenant == "" {
+		tenant, _ = keys.TenantFrom(ctx)
+	}
+	if tenant == "" {
+		return nil, invalid(errors.New("oncekit/activity: no tenant: start the workflow with keys.WithTenant through an oncekit client, set the worker's DefaultTenant, or set Opts.Tenant"))
+	}
+	op := o.Operation
+	if op == "" {
+		op = info.ActivityType.Name
+	}
+	key := o.Key
+	if key == "" {
+		var err error
+		if key, err = keys.FromActivity(ctx, o.Strategy); err != nil {
+			return nil, invalid(err)
+		}
+	}
+	fp, err := keys.FingerprintJSON(req)
+	if err != nil {
+		return nil, invalid(err)
+	}
+	g := &guard{l: l, info: info, wait: o.Wait, purpose: o.Purpose,
+		in: ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: op}, Key: key, Fingerprint: fp}}
+	if g.wait == 0 {
+		g.wait = WaitDefault
+	}
+	if g.purpose == "" {
+		g.purpose = PurposeDefault
+	}
+	return g, nil
+}
+
+// waitLoop calls try with bounded waits, heartbeating between them, until try returns
+// something other than ErrInProgress or the attempt's wait is used up.
+func (g *guard) waitLoop(ctx context.Context, try func(wait time.Duration) error) error {
+	if g.wait < 0 {
+		return try(0)
+	}
+	slice := 5 * time.Second
+	if hb := g.info.HeartbeatTimeout; hb > 0 {
+		slice = min(slice, hb/2)
+	}
+	deadline := time.Now().Add(g.wait)
+	for {
+		left := time.Until(deadline)
+		err := try(max(min(slice, left), 0))
+		if !errors.Is(err, ledger.ErrInProgress) || left <= slice {
+			return err
+		}
+		tactivity.RecordHeartbeat(ctx, "oncekit: waiting for another attempt with key "+string(g.in.Key))
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+func decode[Resp any](body []byte) (Resp, error) {
+	var r Resp
+	if len(body) == 0 {
+		return r, nil
+	}
+	if err := json.Unmarshal(body, &r); err != nil {
+		return r, invalid(fmt.Errorf("oncekit/activity: stored result does not decode as %T: %w", r, err))
+	}
+	return r, nil
+}
+
+// invalid marks an error no retry can fix.
+func invalid(err error) error {
+	return temporal.NewApplicationErrorWithOptions(err.Error(), ErrTypeInvalid, temporal.ApplicationErrorOptions{NonRetryable: true, Cause: err})
+}
+
+// toTemporal maps ledger outcomes to Temporal errors; other errors pass through.
+func toTemporal(err error) error {
+	if err == nil {
+		return nil
+	}
+	var (
+		derr *ledger.DefinitiveError
+		mm   *ledger.FingerprintMismatchError
+		ve   *keys.ValidationError
+	)
+	switch {
+	case errors.As(err, &derr):
+		return temporal.NewApplicationErrorWithOptions(derr.Error(), derr.Code, temporal.ApplicationErrorOptions{
+			NonRetryable: true, Details: []any{derr.Code, derr.Message, derr.Replayed}})
+	case errors.As(err, &mm):
+		return temporal.NewApplicationErrorWithOptions(mm.Error(), ErrTypeKeyReused, temporal.ApplicationErrorOptions{
+			NonRetryable: true, Cause: err, Details: []any{string(mm.Key), mm.Scope.Tenant, mm.Scope.Operation}})
+	case errors.Is(err, ledger.ErrInProgress):
+		return temporal.NewApplicationErrorWithOptions(err.Error(), ErrTypeInProgress, temporal.ApplicationErrorOptions{Cause: err})
+	case errors.Is(err, ledger.ErrLeaseLost):
+		return temporal.NewApplicationErrorWithOptions(err.Error(), ErrTypeLeaseLost, temporal.ApplicationErrorOptions{Cause: err})
+	case errors.As(err, &ve), errors.Is(err, ledger.ErrBodyTooLarge), errors.Is(err, ledger.ErrNilFunc), errors.Is(err, ledger.ErrManagedTx):
+		return invalid(err)
+	}
+	return err
+}

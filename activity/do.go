@@ -1,0 +1,51 @@
+package activity
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/ledger"
+)
+
+// Func is a local side effect: it writes through tx, in the ledger's transaction, and
+// returns the activity's result. key is the activity's key, for rows that want to record
+// it. Returning [Definitive] stores the failure; any other error rolls back and lets
+// Temporal retry.
+type Func[Req, Resp any] func(ctx context.Context, tx pgx.Tx, key keys.Key, req Req) (Resp, error)
+
+// Do runs fn once per activity intent and returns its result; a retried attempt of an
+// activity whose earlier attempt committed gets the stored result and fn does not run.
+// The result is stored as JSON, so a replay decodes to a value equal to the first.
+func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *Opts) (Resp, error) {
+	var zero Resp
+	if fn == nil {
+		return zero, invalid(ledger.ErrNilFunc)
+	}
+	g, err := newGuard(ctx, req, opts)
+	if err != nil {
+		return zero, err
+	}
+	var res ledger.Result
+	err = g.waitLoop(ctx, func(wait time.Duration) error {
+		res, err = g.l.Do(ctx, g.in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+			out, err := fn(ctx, tx, g.in.Key, req)
+			if err != nil {
+				return ledger.Response{}, err
+			}
+			body, err := json.Marshal(out)
+			if err != nil {
+				return ledger.Response{}, invalid(err)
+			}
+			return ledger.Response{Body: body}, nil
+		}, &ledger.DoOpts{Wait: wait, FirstAttempt: g.info.Attempt == 1})
+		return err
+	})
+	if err != nil {
+		return zero, toTemporal(err)
+	}
+	return decode[Resp](res.Body)
+}

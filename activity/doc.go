@@ -1,0 +1,33 @@
+// Package activity runs a Temporal activity's side effect exactly once, under the
+// oncekit ledger.
+//
+// # Local side effects
+//
+// [Do] runs a mutation of your own PostgreSQL database in the ledger's transaction, keyed
+// by the activity's identity: run ID + activity ID by default ([keys.RunScoped]), the
+// workflow ID ([keys.WorkflowScoped]) or a business key ([Opts].Key) when asked. When a
+// worker dies after the mutation committed but before Temporal heard of it, the retried
+// attempt replays the stored result instead of running the mutation again.
+//
+// # External side effects
+//
+// [External] guards a call outside the database, such as a payment API. It claims the
+// key with a lease that lasts until the attempt's deadline, hands your function a
+// [Call] whose DownstreamKey (derived from the activity's key) you send as the
+// provider's idempotency key, and stores the outcome. A retry after a crash re-drives the
+// call with the same downstream key; a retry after completion returns the stored result
+// without calling.
+//
+// # Errors
+//
+// Ledger outcomes become Temporal errors that retry policies can act on: a key reused
+// with another payload is a non-retryable ApplicationError of type [ErrTypeKeyReused];
+// another attempt in flight is a retryable [ErrTypeInProgress]; a definitive business
+// failure ([Definitive]) is non-retryable, typed by its code, and replayed identically on
+// every retry.
+//
+// This package shares its name with Temporal's go.temporal.io/sdk/activity. A file that
+// needs both imports Temporal's as tactivity:
+//
+//	import tactivity "go.temporal.io/sdk/activity"
+package activity

@@ -1,0 +1,129 @@
+package activity
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/ledger"
+)
+
+// Call describes one attempt at an external call.
+type Call struct {
+	// Key is the activity's key.
+	Key keys.Key
+	// DownstreamKey is derived from Key and its scope (see keys.DeriveIn): send it as the
+	// provider's idempotency key, so the provider deduplicates a call that this or an
+	// earlier attempt already made.
+	DownstreamKey keys.Key
+	// Attempt counts the attempts that claimed this key, this one included.
+	Attempt int
+	// Redrive is true when an earlier attempt claimed the key and did not finish: the call
+	// may have reached the provider already.
+	Redrive bool
+	// Uncertain is true when an earlier attempt reported that its call may have happened.
+	Uncertain bool
+}
+
+// CallFunc makes an external call for req and returns the activity's result.
+//
+// Return [Definitive] for a business failure the provider answered definitively (a
+// declined card): it is stored and replayed. Return [NotApplied] when the provider
+// certainly did not act (it refused the request before doing anything): the key is
+// released. Any other error means the call may have happened: the attempt records that,
+// and the retry repeats the call with the same downstream key.
+type CallFunc[Req, Resp any] func(ctx context.Context, call Call, req Req) (Resp, error)
+
+// notApplied marks an error after which the external call certainly had no effect.
+type notApplied struct{ err error }
+
+func (e notApplied) Error() string { return e.err.Error() }
+func (e notApplied) Unwrap() error { return e.err }
+
+// NotApplied wraps err to say the external call certainly had no effect, so the key can
+// be released rather than re-driven.
+func NotApplied(err error) error {
+	if err == nil {
+		return nil
+	}
+	return notApplied{err}
+}
+
+// External runs call at most once per activity intent as far as the provider can tell:
+// it claims the key before the call with a lease that lasts until the attempt's
+// deadline, and stores the outcome after it. A retry after a crash re-drives the call with
+// the same [Call].DownstreamKey; a retry after completion returns the stored result and
+// does not call.
+func External[Req, Resp any](ctx context.Context, req Req, call CallFunc[Req, Resp], opts *Opts) (Resp, error) {
+	var zero Resp
+	if call == nil {
+		return zero, invalid(ledger.ErrNilFunc)
+	}
+	g, err := newGuard(ctx, req, opts)
+	if err != nil {
+		return zero, err
+	}
+	downstream, err := keys.DeriveIn(g.in.Scope, g.in.Key, g.purpose)
+	if err != nil {
+		return zero, invalid(err)
+	}
+	var claim ledger.ClaimResult
+	err = g.waitLoop(ctx, func(wait time.Duration) error {
+		claim, err = g.l.Claim(ctx, g.in, &ledger.ClaimOpts{Wait: wait, Lease: g.lease()})
+		return err
+	})
+	if err != nil {
+		return zero, toTemporal(err)
+	}
+	if claim.Lease == nil {
+		return decode[Resp](claim.Result.Body)
+	}
+	lease := claim.Lease
+	out, callErr := call(ctx, Call{Key: g.in.Key, DownstreamKey: downstream, Attempt: lease.Attempt,
+		Redrive: lease.Redrive, Uncertain: lease.Uncertain}, req)
+	// Record the outcome even if the attempt's context ended meanwhile.
+	rctx := context.WithoutCancel(ctx)
+	var derr *ledger.DefinitiveError
+	var na notApplied
+	switch {
+	case callErr == nil:
+		body, err := json.Marshal(out)
+		if err != nil {
+			_ = g.l.MarkUncertain(rctx, lease)
+			return zero, invalid(err)
+		}
+		if _, err := g.l.Complete(rctx, lease, ledger.Response{Body: body}); err != nil {
+			return zero, toTemporal(err)
+		}
+		return out, nil
+	case errors.As(callErr, &derr):
+		if err := g.l.Fail(rctx, lease, derr); err != nil {
+			return zero, toTemporal(err)
+		}
+		return zero, toTemporal(derr)
+	case errors.As(callErr, &na):
+		if err := g.l.Release(rctx, lease); err != nil {
+			return zero, errors.Join(callErr, toTemporal(err))
+		}
+		return zero, callErr
+	default:
+		if err := g.l.MarkUncertain(rctx, lease); err != nil {
+			return zero, errors.Join(callErr, toTemporal(err))
+		}
+		return zero, callErr
+	}
+}
+
+// lease lasts until the attempt's deadline: by then Temporal has given up on the attempt
+// and scheduled a retry, which must be able to take the key over.
+func (g *guard) lease() time.Duration {
+	if g.info.Deadline.IsZero() {
+		return 0 // the ledger's default
+	}
+	if d := time.Until(g.info.Deadline); d > time.Second {
+		return d
+	}
+	return time.Second
+}

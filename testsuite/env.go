@@ -1,0 +1,101 @@
+package testsuite
+
+import (
+	"context"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"go.temporal.io/sdk/interceptor"
+	ttestsuite "go.temporal.io/sdk/testsuite"
+	tworker "go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/worker"
+)
+
+// TenantDefault prefixes the tenant of test environments that name none. Each
+// environment gets its own tenant ("test-" and a random suffix), because Temporal's
+// in-memory environment gives every workflow the same run ID, and run-scoped keys of two
+// environments on one ledger would otherwise collide.
+const TenantDefault = "test"
+
+// EnvOpts configure [NewWorkflowEnvironment]. A nil *EnvOpts means all defaults.
+type EnvOpts struct {
+	// Ledger is put in every activity's context. Defaults to none, for workflows whose
+	// activities do not use oncekit.
+	Ledger *ledger.Ledger
+	// Tenant is every activity's tenant unless the workflow carries one. Defaults to
+	// [TenantDefault].
+	Tenant string
+	// Faults is the fault plan to carry out. Defaults to none.
+	Faults *FaultPlan
+}
+
+// NewWorkflowEnvironment returns Temporal's in-memory test workflow environment with
+// oncekit wired in as [worker.New] wires a real worker: the ledger and tenant in every
+// activity's context, the tenant propagator, and the fault plan.
+func NewWorkflowEnvironment(t testing.TB, opts *EnvOpts) *ttestsuite.TestWorkflowEnvironment {
+	t.Helper()
+	o := EnvOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.Tenant == "" {
+		o.Tenant = TenantDefault + "-" + uuid.NewString()[:8]
+	}
+	var s ttestsuite.WorkflowTestSuite
+	s.SetLogger(quietLogger{})
+	env := s.NewTestWorkflowEnvironment()
+	var ics []interceptor.WorkerInterceptor
+	if o.Faults != nil {
+		ics = append(ics, o.Faults.Interceptor())
+	}
+	if o.Ledger != nil {
+		ics = append(ics, worker.Interceptor(o.Ledger, o.Tenant))
+	}
+	env.SetWorkerOptions(tworker.Options{Interceptors: ics})
+	env.SetContextPropagators([]workflow.ContextPropagator{worker.TenantPropagator()})
+	return env
+}
+
+// Querier runs a query: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Count runs a query returning one count, such as
+// "SELECT count(*) FROM charges WHERE order_id = $1".
+func Count(ctx context.Context, q Querier, sql string, args ...any) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, sql, args...).Scan(&n)
+	return n, err
+}
+
+// RequireCount fails the test unless the counting query returns want.
+func RequireCount(t testing.TB, q Querier, want int, sql string, args ...any) {
+	t.Helper()
+	n, err := Count(context.Background(), q, sql, args...)
+	if err != nil {
+		t.Fatalf("oncekit/testsuite: count effects: %v", err)
+	}
+	if n != want {
+		t.Fatalf("oncekit/testsuite: %q counted %d effects, want %d", sql, n, want)
+	}
+}
+
+// RequireExactlyOnce fails the test unless the counting query returns exactly 1: the
+// effect happened, and happened once.
+func RequireExactlyOnce(t testing.TB, q Querier, sql string, args ...any) {
+	t.Helper()
+	RequireCount(t, q, 1, sql, args...)
+}
+
+// quietLogger drops the environment's logs, which would drown test output.
+type quietLogger struct{}
+
+func (quietLogger) Debug(string, ...any) {}
+func (quietLogger) Info(string, ...any)  {}
+func (quietLogger) Warn(string, ...any)  {}
+func (quietLogger) Error(string, ...any) {}

@@ -1,0 +1,108 @@
+package worker
+
+import (
+	"context"
+	"errors"
+
+	tactivity "go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/interceptor"
+	tworker "go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/oncekit/oncekit/activity"
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/ledger"
+)
+
+// Options configure a [Worker]. A nil *Options means all defaults.
+type Options struct {
+	// Worker are Temporal's worker options; oncekit's interceptor is appended to
+	// Worker.Interceptors. Defaults to Temporal's defaults.
+	Worker tworker.Options
+	// DefaultTenant is the tenant of activities whose workflow carried none, for
+	// single-tenant systems. Defaults to "": such activities fail with a clear error.
+	DefaultTenant string
+}
+
+// Worker is a Temporal worker with oncekit wired in.
+type Worker struct {
+	w tworker.Worker
+}
+
+// New returns a worker polling taskQueue through c, whose activities find l and their
+// tenant in their context.
+func New(c client.Client, taskQueue string, l *ledger.Ledger, opts *Options) (*Worker, error) {
+	if c == nil || l == nil {
+		return nil, errors.New("oncekit/worker: New needs a client and a ledger")
+	}
+	o := Options{}
+	if opts != nil {
+		o = *opts
+	}
+	wo := o.Worker
+	wo.Interceptors = append(append([]interceptor.WorkerInterceptor{}, wo.Interceptors...), Interceptor(l, o.DefaultTenant))
+	return &Worker{w: tworker.New(c, taskQueue, wo)}, nil
+}
+
+// RegisterActivity registers fn under name. The name scopes the activity's keys (it is
+// the default operation), so keep it stable.
+func (w *Worker) RegisterActivity(name string, fn any) {
+	w.w.RegisterActivityWithOptions(fn, tactivity.RegisterOptions{Name: name})
+}
+
+// RegisterWorkflow registers fn under name.
+func (w *Worker) RegisterWorkflow(name string, fn any) {
+	w.w.RegisterWorkflowWithOptions(fn, workflow.RegisterOptions{Name: name})
+}
+
+// Start starts the worker without blocking.
+func (w *Worker) Start() error { return w.w.Start() }
+
+// Stop stops the worker.
+func (w *Worker) Stop() { w.w.Stop() }
+
+// Run runs the worker until interruptCh delivers, see [InterruptCh].
+func (w *Worker) Run(interruptCh <-chan any) error { return w.w.Run(interruptCh) }
+
+// Temporal returns the underlying Temporal worker.
+func (w *Worker) Temporal() tworker.Worker { return w.w }
+
+// InterruptCh returns a channel that delivers on SIGINT and SIGTERM.
+func InterruptCh() <-chan any { return tworker.InterruptCh() }
+
+// Dial connects a Temporal client with oncekit's tenant propagator added to opts.
+func Dial(ctx context.Context, opts client.Options) (client.Client, error) {
+	opts.ContextPropagators = append(append([]workflow.ContextPropagator{}, opts.ContextPropagators...), TenantPropagator())
+	return client.DialContext(ctx, opts)
+}
+
+// Interceptor returns the worker interceptor that puts l, and defaultTenant when the
+// activity carries no tenant, into every activity's context. [New] installs it; use it
+// directly when building a Temporal worker by hand.
+func Interceptor(l *ledger.Ledger, defaultTenant string) interceptor.WorkerInterceptor {
+	return &workerInterceptor{l: l, tenant: defaultTenant}
+}
+
+type workerInterceptor struct {
+	interceptor.WorkerInterceptorBase
+	l      *ledger.Ledger
+	tenant string
+}
+
+func (wi *workerInterceptor) InterceptActivity(ctx context.Context, next interceptor.ActivityInboundInterceptor) interceptor.ActivityInboundInterceptor {
+	return &activityInterceptor{ActivityInboundInterceptorBase: interceptor.ActivityInboundInterceptorBase{Next: next}, wi: wi}
+}
+
+type activityInterceptor struct {
+	interceptor.ActivityInboundInterceptorBase
+	wi *workerInterceptor
+}
+
+func (a *activityInterceptor) ExecuteActivity(ctx context.Context, in *interceptor.ExecuteActivityInput) (any, error) {
+	ctx = activity.WithLedger(ctx, a.wi.l)
+	if _, ok := keys.TenantFrom(ctx); !ok && a.wi.tenant != "" {
+		ctx = keys.WithTenant(ctx, a.wi.tenant)
+	}
+	return a.Next.ExecuteActivity(ctx, in)
+}
