@@ -5,13 +5,16 @@ TOOLS_DIR ?= $(HOME)/.cache/oncekit/tools
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: help test bench bench-check lint fmt fuzz
+.PHONY: help test bench bench-check lint fmt fuzz temporal-cli
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-test: ## Run every test under -race against a throwaway PostgreSQL (or DATABASE_URL).
+test: temporal-cli ## Run every test under -race, against a throwaway PostgreSQL and a Temporal dev server.
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+temporal-cli: ## Build the Temporal CLI (dev server) into ~/.cache/oncekit once; minutes the first time.
+	@$(GO) run ./internal/cmd/temporal-cli >/dev/null
 
 bench: ## Measure the ledger side by side with the bare mutation; prints "metric <name> <value>".
 	$(GO) run ./internal/cmd/bench

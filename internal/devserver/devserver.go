@@ -8,15 +8,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
+	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/log"
-	"go.temporal.io/sdk/testsuite"
 )
 
 // CLIVersion is the Temporal CLI built for the dev server (Temporal server 1.29.1).
@@ -111,21 +112,25 @@ type Server struct {
 	HostPort string
 	// Namespace is the namespace to use.
 	Namespace string
-	dev       *testsuite.DevServer
+	// UIAddress is the web UI's address, when this process started the server with one.
+	UIAddress string
+	cmd       *exec.Cmd
+	exited    chan struct{}
 }
 
 // Options configure [Start].
 type Options struct {
 	// Progress receives build progress. Defaults to discarding it.
 	Progress io.Writer
-	// UIPort, when not empty, enables the web UI on that port.
-	UIPort string
-	// Logger is the client's logger. Defaults to a quiet one.
-	Logger log.Logger
+	// UIPort, when not 0, enables the web UI on that port.
+	UIPort int
+	// Log receives the server's own output. Defaults to discarding it.
+	Log io.Writer
 }
 
 // Start returns the server at TEMPORAL_ADDRESS when it is set, otherwise starts a dev
-// server from the cached CLI (building it first if needed) on a free local port.
+// server from the cached CLI (building it first if needed) on a free local port. The
+// dev server dies with this process.
 func Start(ctx context.Context, opts *Options) (*Server, error) {
 	o := Options{}
 	if opts != nil {
@@ -142,42 +147,95 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	logger := o.Logger
-	if logger == nil {
-		logger = quietLogger{}
-	}
-	dev, err := testsuite.StartDevServer(ctx, testsuite.DevServerOptions{
-		ExistingPath:  path,
-		ClientOptions: &client.Options{Namespace: ns, Logger: logger},
-		EnableUI:      o.UIPort != "",
-		UIPort:        o.UIPort,
-		LogLevel:      "error",
-		Stdout:        io.Discard,
-		Stderr:        io.Discard,
-	})
+	port, err := freePort()
 	if err != nil {
-		return nil, fmt.Errorf("devserver: start: %w", err)
+		return nil, err
 	}
-	return &Server{HostPort: dev.FrontendHostPort(), Namespace: ns, dev: dev}, nil
+	s := &Server{HostPort: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Namespace: ns, exited: make(chan struct{})}
+	args := []string{"server", "start-dev", "--ip", "127.0.0.1", "--port", strconv.Itoa(port), "--namespace", ns,
+		"--log-level", "error", "--dynamic-config-value", "frontend.enableServerVersionCheck=false"}
+	if o.UIPort != 0 {
+		args = append(args, "--ui-port", strconv.Itoa(o.UIPort))
+		s.UIAddress = fmt.Sprintf("http://127.0.0.1:%d", o.UIPort)
+	} else {
+		args = append(args, "--headless")
+	}
+	cmd := exec.Command(path, args...)
+	out := o.Log
+	if out == nil {
+		out = io.Discard
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("devserver: start %s: %w", path, err)
+	}
+	s.cmd = cmd
+	go func() { _ = cmd.Wait(); close(s.exited) }()
+	if err := s.waitReady(ctx, 60*time.Second); err != nil {
+		_ = s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		select {
+		case <-s.exited:
+			return errors.New("devserver: the Temporal dev server exited during start")
+		default:
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		c, err := client.DialContext(cctx, client.Options{HostPort: s.HostPort, Namespace: s.Namespace, Logger: QuietLogger{}})
+		if err == nil {
+			_, err = c.WorkflowService().DescribeNamespace(cctx, &workflowservice.DescribeNamespaceRequest{Namespace: s.Namespace})
+			c.Close()
+		}
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("devserver: the Temporal dev server at %s was not ready within %s: %w", s.HostPort, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // Stop stops a dev server this process started; it leaves TEMPORAL_ADDRESS alone.
 func (s *Server) Stop() error {
-	if s.dev == nil {
+	if s.cmd == nil {
 		return nil
 	}
-	err := s.dev.Stop()
-	var exit *exec.ExitError
-	if errors.As(err, &exit) {
-		return nil // killed on purpose
+	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-s.exited:
+	case <-time.After(10 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.exited
 	}
-	return err
+	return nil
 }
 
-// quietLogger drops the client's logs, which would drown test output.
-type quietLogger struct{}
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
 
-func (quietLogger) Debug(string, ...any) {}
-func (quietLogger) Info(string, ...any)  {}
-func (quietLogger) Warn(string, ...any)  {}
-func (quietLogger) Error(string, ...any) {}
+// QuietLogger drops a Temporal client's logs, which would drown test output.
+type QuietLogger struct{}
+
+func (QuietLogger) Debug(string, ...any) {}
+func (QuietLogger) Info(string, ...any)  {}
+func (QuietLogger) Warn(string, ...any)  {}
+func (QuietLogger) Error(string, ...any) {}
