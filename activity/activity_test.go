@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
@@ -41,7 +40,7 @@ func TestDo_CrashBeforeComplete(t *testing.T) {
 			})
 
 			req.OrderID = "o-2"
-			rep, err := testsuite.RunCrashBeforeComplete(t, testsuite.Case[reserveReq, reservation]{
+			rep, err := testsuite.RunCrashBeforeComplete(testsuite.Case[reserveReq, reservation]{
 				Name: "inventory.reserve.plain", Activity: plainReserve(pool), Request: req, Ledger: l, Local: local,
 				Effects: func(ctx context.Context) (int, error) { return countWhere(ctx, pool, "reservations", req.OrderID) },
 			})
@@ -76,8 +75,8 @@ func TestExternal_CrashAndUncertainCall(t *testing.T) {
 	})
 	require.Equal(t, 1, calls, "the retry replayed; it did not call the provider")
 
-	env := testsuite.NewWorkflowEnvironment(t, &testsuite.EnvOpts{Ledger: l})
-	env.RegisterActivityWithOptions(chargeCard, tactivity.RegisterOptions{Name: "payments.charge"})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
+	env.RegisterActivity("payments.charge", chargeCard)
 	env.ExecuteWorkflow(oneActivity, "payments.charge", chargeReq{OrderID: "o-uncertain", Amount: 100})
 	require.NoError(t, env.GetWorkflowError())
 	testsuite.RequireExactlyOnce(t, pool, "SELECT count(*) FROM provider_charges WHERE order_id = 'o-uncertain'")
@@ -100,8 +99,8 @@ func TestDo_KeyReusedInWorkflow(t *testing.T) {
 			return reservation{ReservationID: id}, err
 		}, &activity.Opts{Key: key})
 	}
-	env := testsuite.NewWorkflowEnvironment(t, &testsuite.EnvOpts{Ledger: l})
-	env.RegisterActivityWithOptions(businessReserve, tactivity.RegisterOptions{Name: "inventory.reserve"})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
+	env.RegisterActivity("inventory.reserve", businessReserve)
 	env.ExecuteWorkflow(func(ctx workflow.Context) error {
 		ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
 			RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 10}})
@@ -131,8 +130,8 @@ func TestDo_DefinitiveFailureReplayed(t *testing.T) {
 		}, nil)
 	}
 	plan := testsuite.NewFaultPlan().CrashAfterEffect("payments.charge", 1)
-	env := testsuite.NewWorkflowEnvironment(t, &testsuite.EnvOpts{Ledger: l, Faults: plan})
-	env.RegisterActivityWithOptions(decline, tactivity.RegisterOptions{Name: "payments.charge"})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l, Faults: plan})
+	env.RegisterActivity("payments.charge", decline)
 	env.ExecuteWorkflow(oneActivity, "payments.charge", chargeReq{OrderID: "o-7", Amount: 999})
 	var appErr *temporal.ApplicationError
 	require.ErrorAs(t, env.GetWorkflowError(), &appErr)
@@ -159,13 +158,13 @@ func TestOpts_Errors(t *testing.T) {
 	require.ErrorAs(t, err, &appErr)
 	require.Equal(t, activity.ErrTypeInvalid, appErr.Type())
 
-	env := testsuite.NewWorkflowEnvironment(t, &testsuite.EnvOpts{Ledger: l, Tenant: ""})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l, Tenant: ""})
 	noTenant := func(ctx context.Context, req reserveReq) (reservation, error) {
 		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, key keys.Key, req reserveReq) (reservation, error) {
 			return reservation{}, nil
 		}, &activity.Opts{Ledger: l, Tenant: "", Key: "k"})
 	}
-	env.RegisterActivityWithOptions(noTenant, tactivity.RegisterOptions{Name: "x"})
+	env.RegisterActivity("x", noTenant)
 	env.ExecuteWorkflow(oneActivity, "x", reserveReq{OrderID: "o"})
 	require.NoError(t, env.GetWorkflowError(), "the environment's default tenant applies")
 }
@@ -174,8 +173,8 @@ func TestOpts_Errors(t *testing.T) {
 func TestTenantPropagatesToActivities(t *testing.T) {
 	t.Parallel()
 	l, pool := setup(t)
-	env := testsuite.NewWorkflowEnvironment(t, &testsuite.EnvOpts{Ledger: l})
-	env.RegisterActivityWithOptions(reserve, tactivity.RegisterOptions{Name: "inventory.reserve"})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
+	env.RegisterActivity("inventory.reserve", reserve)
 	env.ExecuteWorkflow(func(ctx workflow.Context) error {
 		ctx = keys.WithWorkflowTenant(ctx, "tenant-42")
 		return oneActivity(ctx, "inventory.reserve", reserveReq{OrderID: "o-t", SKU: "x", Qty: 1})

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	commonpb "go.temporal.io/api/common/v1"
-	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
@@ -61,8 +60,7 @@ func (r Report) SameResult() bool {
 // RunCrashBeforeComplete runs c's activity in a workflow on Temporal's in-memory
 // environment, crashes its first attempt after the effect and before completion, lets
 // Temporal retry it, and reports what happened.
-func RunCrashBeforeComplete[Req, Resp any](t testing.TB, c Case[Req, Resp]) (Report, error) {
-	t.Helper()
+func RunCrashBeforeComplete[Req, Resp any](c Case[Req, Resp]) (Report, error) {
 	if c.Name == "" || c.Activity == nil || c.Effects == nil {
 		return Report{}, errors.New("oncekit/testsuite: Case needs Name, Activity and Effects")
 	}
@@ -72,9 +70,9 @@ func RunCrashBeforeComplete[Req, Resp any](t testing.TB, c Case[Req, Resp]) (Rep
 		return Report{}, fmt.Errorf("oncekit/testsuite: count effects before: %w", err)
 	}
 	plan := NewFaultPlan().CrashAfterEffect(c.Name, 1)
-	env := NewWorkflowEnvironment(t, &EnvOpts{Ledger: c.Ledger, Tenant: c.Tenant, Faults: plan})
-	env.RegisterActivityWithOptions(c.Activity, tactivity.RegisterOptions{Name: c.Name})
-	env.RegisterWorkflowWithOptions(conformanceWorkflow[Req, Resp], workflow.RegisterOptions{Name: "oncekit.testsuite.Conformance"})
+	env := NewWorkflowEnvironment(&EnvOpts{Ledger: c.Ledger, Tenant: c.Tenant, Faults: plan})
+	env.RegisterActivity(c.Name, c.Activity)
+	env.RegisterWorkflow("oncekit.testsuite.Conformance", conformanceWorkflow[Req, Resp])
 	env.ExecuteWorkflow("oncekit.testsuite.Conformance", c.Name, c.Local, c.Request)
 	if !env.IsWorkflowCompleted() {
 		return Report{}, errors.New("oncekit/testsuite: the conformance workflow did not complete")
@@ -117,7 +115,7 @@ func RunCrashBeforeComplete[Req, Resp any](t testing.TB, c Case[Req, Resp]) (Rep
 // gives the retry the same result the crashed attempt produced.
 func CheckCrashBeforeComplete[Req, Resp any](t testing.TB, c Case[Req, Resp]) {
 	t.Helper()
-	rep, err := RunCrashBeforeComplete(t, c)
+	rep, err := RunCrashBeforeComplete(c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/interceptor"
 	ttestsuite "go.temporal.io/sdk/testsuite"
 	tworker "go.temporal.io/sdk/worker"
@@ -33,11 +34,27 @@ type EnvOpts struct {
 	Faults *FaultPlan
 }
 
+// WorkflowEnvironment is Temporal's in-memory test workflow environment with oncekit
+// wired in. It registers activities and workflows under explicit names, as
+// [worker.Worker] does; every method of Temporal's environment is available too.
+type WorkflowEnvironment struct {
+	*ttestsuite.TestWorkflowEnvironment
+}
+
+// RegisterActivity registers fn under name.
+func (e *WorkflowEnvironment) RegisterActivity(name string, fn any) {
+	e.RegisterActivityWithOptions(fn, tactivity.RegisterOptions{Name: name})
+}
+
+// RegisterWorkflow registers fn under name.
+func (e *WorkflowEnvironment) RegisterWorkflow(name string, fn any) {
+	e.RegisterWorkflowWithOptions(fn, workflow.RegisterOptions{Name: name})
+}
+
 // NewWorkflowEnvironment returns Temporal's in-memory test workflow environment with
 // oncekit wired in as [worker.New] wires a real worker: the ledger and tenant in every
 // activity's context, the tenant propagator, and the fault plan.
-func NewWorkflowEnvironment(t testing.TB, opts *EnvOpts) *ttestsuite.TestWorkflowEnvironment {
-	t.Helper()
+func NewWorkflowEnvironment(opts *EnvOpts) *WorkflowEnvironment {
 	o := EnvOpts{}
 	if opts != nil {
 		o = *opts
@@ -57,7 +74,7 @@ func NewWorkflowEnvironment(t testing.TB, opts *EnvOpts) *ttestsuite.TestWorkflo
 	}
 	env.SetWorkerOptions(tworker.Options{Interceptors: ics})
 	env.SetContextPropagators([]workflow.ContextPropagator{worker.TenantPropagator()})
-	return env
+	return &WorkflowEnvironment{env}
 }
 
 // Querier runs a query: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.

@@ -45,5 +45,14 @@ func run(quick bool) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "bench: ledger done in %s\n", time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	ab := activityBench{url: url, rounds: 15}
+	if quick {
+		ab.rounds = 2
+	}
+	if err := ab.run(ctx, os.Stdout); err != nil {
+		return fmt.Errorf("activity: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "bench: activity done in %s\n", time.Since(start).Round(time.Millisecond))
 	return nil
 }

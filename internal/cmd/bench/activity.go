@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/oncekit/oncekit/activity"
+	"github.com/oncekit/oncekit/internal/devserver"
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/worker"
+)
+
+const activitySchema = "oncekit_bench_activity"
+
+// activityBench runs the same workflow of 20 activities with and without the ledger
+// guard on a real Temporal server, alternating, and compares end-to-end latencies.
+type activityBench struct {
+	url    string
+	rounds int
+}
+
+type benchStep struct {
+	Workflow string `json:"workflow"`
+	Step     int    `json:"step"`
+}
+
+func twentyActivities(ctx workflow.Context, name string) error {
+	ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: 30 * time.Second,
+		RetryPolicy: &temporal.RetryPolicy{MaximumAttempts: 3}})
+	id := workflow.GetInfo(ctx).WorkflowExecution.ID
+	for i := range 20 {
+		if err := workflow.ExecuteActivity(ctx, name, benchStep{Workflow: id, Step: i}).Get(ctx, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b activityBench) run(ctx context.Context, out io.Writer) error {
+	emit := func(name string, v float64) { fmt.Fprintf(out, "metric %s %.4g\n", name, v) }
+	srv, err := devserver.Start(ctx, &devserver.Options{Progress: io.Discard})
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+
+	conn, err := pgx.Connect(ctx, b.url)
+	if err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+activitySchema+" CASCADE")
+	if err == nil {
+		_, err = ledger.Migrate(ctx, conn, activitySchema)
+	}
+	if err == nil {
+		_, err = conn.Exec(ctx, "CREATE TABLE "+activitySchema+".steps (id bigserial PRIMARY KEY, workflow text NOT NULL, step int NOT NULL)")
+	}
+	conn.Close(ctx)
+	if err != nil {
+		return err
+	}
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		return err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = activitySchema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	l, err := ledger.New(pool, &ledger.Config{Schema: activitySchema})
+	if err != nil {
+		return err
+	}
+	c, err := worker.Dial(ctx, client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{}})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	queue := "bench-" + uuid.NewString()
+	w, err := worker.New(c, queue, l, &worker.Options{DefaultTenant: "bench"})
+	if err != nil {
+		return err
+	}
+	var mu sync.Mutex
+	var replays []time.Duration
+	guarded := func(ctx context.Context, s benchStep) (int, error) {
+		fn := func(ctx context.Context, tx pgx.Tx, _ keys.Key, s benchStep) (int, error) {
+			_, err := tx.Exec(ctx, "INSERT INTO steps (workflow, step) VALUES ($1, $2)", s.Workflow, s.Step)
+			return s.Step, err
+		}
+		n, err := activity.Do(ctx, s, fn, nil)
+		if err != nil {
+			return 0, err
+		}
+		// Measure what a retried attempt pays: the same call again is a replay.
+		start := time.Now()
+		if _, err := activity.Do(ctx, s, fn, nil); err != nil {
+			return 0, err
+		}
+		mu.Lock()
+		replays = append(replays, time.Since(start))
+		mu.Unlock()
+		return n, nil
+	}
+	plain := func(ctx context.Context, s benchStep) (int, error) {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "INSERT INTO steps (workflow, step) VALUES ($1, $2)", s.Workflow, s.Step)
+			return err
+		})
+		return s.Step, err
+	}
+	w.RegisterWorkflow("bench.twenty", twentyActivities)
+	w.RegisterActivity("bench.guarded", guarded)
+	w.RegisterActivity("bench.plain", plain)
+	if err := w.Start(); err != nil {
+		return err
+	}
+	defer w.Stop()
+
+	runOne := func(name string) (time.Duration, error) {
+		start := time.Now()
+		run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{TaskQueue: queue, ID: name + "-" + uuid.NewString()}, "bench.twenty", name)
+		if err != nil {
+			return 0, err
+		}
+		err = run.Get(ctx, nil)
+		return time.Since(start), err
+	}
+	samples := map[string][]float64{}
+	for round := -1; round < b.rounds; round++ { // round -1 warms up
+		for _, name := range []string{"bench.guarded", "bench.plain"} {
+			d, err := runOne(name)
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if round >= 0 {
+				samples[name] = append(samples[name], float64(d.Microseconds())/1000)
+			}
+		}
+	}
+	med := func(xs []float64) float64 {
+		xs = slices.Clone(xs)
+		slices.Sort(xs)
+		return xs[len(xs)/2]
+	}
+	g, p := med(samples["bench.guarded"]), med(samples["bench.plain"])
+	emit("activity.workflow20_guarded_ms", g)
+	emit("activity.workflow20_plain_ms", p)
+	emit("activity.guarded_vs_plain", g/p)
+	mu.Lock()
+	rs := make([]float64, len(replays))
+	for i, d := range replays {
+		rs[i] = float64(d.Microseconds()) / 1000
+	}
+	mu.Unlock()
+	emit("activity.replay_ms", med(rs))
+	return nil
+}
