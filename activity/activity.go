@@ -46,7 +46,8 @@ type Opts struct {
 	// [keys.RunScoped]. Ignored when Key is set.
 	Strategy keys.Strategy
 	// Key is an explicit business key, such as keys.Business(orderID, "charge"); it
-	// survives workflow resets. Defaults to the key of Strategy.
+	// survives workflow resets. Defaults to the key the workflow handed this activity
+	// call (keys.WithWorkflowKey, as package saga does), then to the key of Strategy.
 	Key keys.Key
 	// Wait bounds how long the attempt waits, heartbeating, for another attempt holding
 	// the key. Defaults to [WaitDefault]; a negative value fails fast.
@@ -111,6 +112,9 @@ func newGuard(ctx context.Context, req any, opts *Opts) (*guard, error) {
 		op = info.ActivityType.Name
 	}
 	key := o.Key
+	if key == "" {
+		key, _ = keys.KeyFrom(ctx)
+	}
 	if key == "" {
 		var err error
 		if key, err = keys.FromActivity(ctx, o.Strategy); err != nil {

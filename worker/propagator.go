@@ -9,61 +9,85 @@ import (
 	"github.com/oncekit/oncekit/keys"
 )
 
-// TenantHeader is the Temporal header that carries the tenant.
-const TenantHeader = "oncekit-tenant"
+// Temporal headers that oncekit's propagator uses.
+const (
+	// TenantHeader carries the tenant.
+	TenantHeader = "oncekit-tenant"
+	// KeyHeader carries a key that workflow code handed one activity call.
+	KeyHeader = "oncekit-key"
+)
 
-// TenantPropagator returns the context propagator that carries the tenant of
+// TenantPropagator returns oncekit's context propagator. It carries the tenant of
 // [keys.WithTenant] from a client to its workflows, and from workflows to their
-// activities and child workflows. [Dial] installs it.
-func TenantPropagator() workflow.ContextPropagator { return tenantPropagator{} }
+// activities and child workflows; and it carries a key set with [keys.WithWorkflowKey]
+// to the activity executed with it (never to a child workflow). [Dial] installs it.
+func TenantPropagator() workflow.ContextPropagator { return propagator{} }
 
-type tenantPropagator struct{}
+type propagator struct{}
 
-func (tenantPropagator) Inject(ctx context.Context, w workflow.HeaderWriter) error {
+func (propagator) Inject(ctx context.Context, w workflow.HeaderWriter) error {
 	if t, ok := keys.TenantFrom(ctx); ok {
-		return writeTenant(w, t)
+		return writeHeader(w, TenantHeader, t)
 	}
 	return nil
 }
 
-func (tenantPropagator) InjectFromWorkflow(ctx workflow.Context, w workflow.HeaderWriter) error {
+func (propagator) InjectFromWorkflow(ctx workflow.Context, w workflow.HeaderWriter) error {
 	if t, ok := keys.WorkflowTenant(ctx); ok {
-		return writeTenant(w, t)
+		if err := writeHeader(w, TenantHeader, t); err != nil {
+			return err
+		}
+	}
+	if k, ok := keys.WorkflowKey(ctx); ok {
+		return writeHeader(w, KeyHeader, string(k))
 	}
 	return nil
 }
 
-func (tenantPropagator) Extract(ctx context.Context, r workflow.HeaderReader) (context.Context, error) {
-	t, err := readTenant(r)
-	if err != nil || t == "" {
+// Extract runs for activities: both the tenant and the key apply.
+func (propagator) Extract(ctx context.Context, r workflow.HeaderReader) (context.Context, error) {
+	t, err := readHeader(r, TenantHeader)
+	if err != nil {
 		return ctx, err
 	}
-	return keys.WithTenant(ctx, t), nil
+	if t != "" {
+		ctx = keys.WithTenant(ctx, t)
+	}
+	k, err := readHeader(r, KeyHeader)
+	if err != nil {
+		return ctx, err
+	}
+	if k != "" {
+		ctx = keys.WithKey(ctx, keys.Key(k))
+	}
+	return ctx, nil
 }
 
-func (tenantPropagator) ExtractToWorkflow(ctx workflow.Context, r workflow.HeaderReader) (workflow.Context, error) {
-	t, err := readTenant(r)
+// ExtractToWorkflow runs for workflows: only the tenant applies, so a key meant for one
+// activity never spreads to a child workflow's activities.
+func (propagator) ExtractToWorkflow(ctx workflow.Context, r workflow.HeaderReader) (workflow.Context, error) {
+	t, err := readHeader(r, TenantHeader)
 	if err != nil || t == "" {
 		return ctx, err
 	}
 	return keys.WithWorkflowTenant(ctx, t), nil
 }
 
-func writeTenant(w workflow.HeaderWriter, tenant string) error {
-	p, err := converter.GetDefaultDataConverter().ToPayload(tenant)
+func writeHeader(w workflow.HeaderWriter, name, value string) error {
+	p, err := converter.GetDefaultDataConverter().ToPayload(value)
 	if err != nil {
 		return err
 	}
-	w.Set(TenantHeader, p)
+	w.Set(name, p)
 	return nil
 }
 
-func readTenant(r workflow.HeaderReader) (string, error) {
-	p, ok := r.Get(TenantHeader)
+func readHeader(r workflow.HeaderReader, name string) (string, error) {
+	p, ok := r.Get(name)
 	if !ok {
 		return "", nil
 	}
-	var t string
-	err := converter.GetDefaultDataConverter().FromPayload(p, &t)
-	return t, err
+	var v string
+	err := converter.GetDefaultDataConverter().FromPayload(p, &v)
+	return v, err
 }

@@ -1,0 +1,67 @@
+package saga_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	historypb "go.temporal.io/api/history/v1"
+	"go.temporal.io/sdk/client"
+	tworker "go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/oncekit/oncekit/internal/devserver"
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/testsuite"
+	"github.com/oncekit/oncekit/worker"
+)
+
+const historyFile = "testdata/compensated_saga_history.json"
+
+// The saga is deterministic: a history recorded from a real server, in which a step
+// failed and every compensation ran, replays without a nondeterminism error.
+func TestSaga_ReplaysRecordedHistory(t *testing.T) {
+	t.Parallel()
+	r := tworker.NewWorkflowReplayer()
+	r.RegisterWorkflowWithOptions(sagaWorkflow, workflow.RegisterOptions{Name: "saga"})
+	require.NoError(t, r.ReplayWorkflowHistoryFromJSONFile(devserver.QuietLogger{}, historyFile))
+}
+
+// TestSaga_RecordHistory records the history replayed above on a real server. It runs
+// when ONCEKIT_RECORD_HISTORY=1, after a change to the saga's commands.
+func TestSaga_RecordHistory(t *testing.T) {
+	if os.Getenv("ONCEKIT_RECORD_HISTORY") != "1" {
+		t.Skip("set ONCEKIT_RECORD_HISTORY=1 to record " + historyFile)
+	}
+	b := setup(t)
+	srv := testsuite.StartDevServer(t)
+	ctx := keys.WithTenant(context.Background(), "acme")
+	c, err := worker.Dial(ctx, client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{}})
+	require.NoError(t, err)
+	defer c.Close()
+	w, err := worker.New(c, "saga-record", b.l, nil)
+	require.NoError(t, err)
+	w.RegisterWorkflow("saga", sagaWorkflow)
+	w.RegisterActivity("step", b.step)
+	w.RegisterActivity("undo", b.undo)
+	require.NoError(t, w.Start())
+	defer w.Stop()
+	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{TaskQueue: "saga-record", WorkflowExecutionTimeout: time.Minute},
+		"saga", plan{Key: "order-recorded", Steps: []string{"reserve", "charge", "ship"}, FailAt: "ship"})
+	require.NoError(t, err)
+	require.Error(t, run.Get(ctx, nil))
+	var h historypb.History
+	it := c.GetWorkflowHistory(ctx, run.GetID(), run.GetRunID(), false, 0)
+	for it.HasNext() {
+		e, err := it.Next()
+		require.NoError(t, err)
+		h.Events = append(h.Events, e)
+	}
+	b2, err := protojson.MarshalOptions{Indent: "  "}.Marshal(&h)
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll("testdata", 0o755))
+	require.NoError(t, os.WriteFile(historyFile, b2, 0o644))
+}
