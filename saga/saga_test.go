@@ -27,12 +27,12 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 type plan struct {
 	Key      string   `json:"key"`
 	Steps    []string `json:"steps"`
-	FailAt   string   `json:"fail_at"`   // this step fails definitively
-	TimeOut  string   `json:"time_out"`  // this step takes effect, then times out
-	BadUndo  string   `json:"bad_undo"`  // this step's compensation always fails
+	FailAt   string   `json:"fail_at"`  // this step fails definitively
+	TimeOut  string   `json:"time_out"` // this step takes effect, then times out
+	BadUndo  string   `json:"bad_undo"` // this step's compensation always fails
 	Parallel bool     `json:"parallel"`
-	Twice    bool     `json:"twice"`     // call Compensate twice
-	Block    string   `json:"block"`     // this step waits until the workflow is cancelled
+	Twice    bool     `json:"twice"` // call Compensate twice
+	Block    string   `json:"block"` // this step waits until the workflow is cancelled
 }
 
 func sagaWorkflow(ctx workflow.Context, p plan) (string, error) {
