@@ -5,10 +5,13 @@ TOOLS_DIR ?= $(HOME)/.cache/oncekit/tools
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 
-.PHONY: help test bench bench-check lint fmt fuzz temporal-cli
+.PHONY: help demo test bench bench-check lint fmt fuzz temporal-cli
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+demo: ## Run the payment-saga demo: 300 orders with injected faults, oncekit beside a naive saga.
+	$(GO) run ./samples/payment $(DEMO_FLAGS)
 
 test: temporal-cli ## Run every test under -race, against a throwaway PostgreSQL and a Temporal dev server.
 	$(GO) test -race -count=1 -timeout 20m ./...
