@@ -57,7 +57,7 @@ func main() {
 	var cfg config
 	flag.IntVar(&cfg.orders, "orders", 300, "orders to check out, through each saga")
 	flag.IntVar(&cfg.concurrency, "concurrency", 60, "checkouts in flight at once")
-	flag.IntVar(&cfg.uiPort, "ui-port", 0, "serve the Temporal Web UI on this port (dev server only), to watch the sagas")
+	flag.IntVar(&cfg.uiPort, "ui-port", 0, "serve the Temporal Web UI on this port (dev server only) and keep it up after the run, to browse the sagas")
 	flag.BoolVar(&cfg.naive, "naive", true, "run the same orders through the naive saga too")
 	flag.Parse()
 	rep, err := run(cfg)
@@ -145,6 +145,11 @@ func run(cfg config) (demoReport, error) {
 	}
 	fmt.Println()
 	rep.print(os.Stdout, sup.restarts.Load(), time.Since(start))
+	if tmp.UIAddress != "" {
+		sup.stop()
+		fmt.Printf("\nBrowse the sagas at %s (namespace %s). Press Ctrl-C to stop.\n", tmp.UIAddress, tmp.Namespace)
+		<-ctx.Done()
+	}
 	return rep, nil
 }
 
