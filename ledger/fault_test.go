@@ -55,6 +55,10 @@ func TestDo_ConnectionKilledMidTransaction(t *testing.T) {
 			require.Equal(t, 0, countOrders(t, b.pool, "acme"))
 			require.Equal(t, 0, countRecords(t, b.pool, b.schema))
 
+			// pg_terminate_backend only signals the backend: until it has exited, its
+			// transaction still holds the key. A retry waits for that, as a client that
+			// retries with backoff would.
+			opts.Wait = 10 * time.Second
 			res, err := l.Do(ctx, in, createOrder("acme", req), opts)
 			require.NoError(t, err)
 			require.False(t, res.Replayed)
