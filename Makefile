@@ -25,9 +25,12 @@ bench: ## Measure the ledger side by side with the bare mutation; prints "metric
 bench-check: ## Run every benchmark briefly, so that none rots.
 	$(GO) run ./internal/cmd/bench -quick
 
-fuzz: ## Run each fuzz target for 20 seconds.
-	@for f in $$($(GO) test -list 'Fuzz.*' ./keys | grep ^Fuzz); do \
-		$(GO) test -run XXX -fuzz "^$$f$$" -fuzztime 20s ./keys || exit 1; done
+FUZZTIME ?= 20s
+fuzz: ## Run each fuzz target for FUZZTIME (20s).
+	@for pkg in $$($(GO) list ./...); do \
+		for f in $$($(GO) test -list 'Fuzz.*' $$pkg | grep ^Fuzz); do \
+			echo "fuzz $$pkg $$f"; $(GO) test -run XXX -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+		done; done
 
 lint: $(STATICCHECK) ## go vet, gofmt and staticcheck.
 	$(GO) vet ./...
