@@ -46,6 +46,15 @@ func run(quick bool) error {
 	}
 	fmt.Fprintf(os.Stderr, "bench: ledger done in %s\n", time.Since(start).Round(time.Millisecond))
 	start = time.Now()
+	hb := httpBench{url: url, rounds: 7, opsPerRound: 150}
+	if quick {
+		hb.rounds, hb.opsPerRound = 2, 10
+	}
+	if err := hb.run(ctx, os.Stdout); err != nil {
+		return fmt.Errorf("http: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "bench: http done in %s\n", time.Since(start).Round(time.Millisecond))
+	start = time.Now()
 	ab := activityBench{url: url, rounds: 15}
 	if quick {
 		ab.rounds = 2
