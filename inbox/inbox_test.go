@@ -1,0 +1,174 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekit/oncekit/inbox"
+	"github.com/oncekit/oncekit/internal/pgtest"
+	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/testsuite"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func setup(t *testing.T) (*inbox.Inbox, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := ledger.Migrate(ctx, pool, schema)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE TABLE credits (id bigserial PRIMARY KEY, message text NOT NULL, amount bigint NOT NULL)`)
+	require.NoError(t, err)
+	ib, err := inbox.New(pool, &inbox.Config{Schema: schema})
+	require.NoError(t, err)
+	return ib, pool
+}
+
+func credit(message string) inbox.HandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO credits (message, amount) VALUES ($1, 100)`, message)
+		return err
+	}
+}
+
+// A consumer commits its database work and crashes before the ack: the broker
+// redelivers, the inbox recognises the message, and the effect exists once.
+func TestInbox_CommitThenCrashBeforeAck(t *testing.T) {
+	t.Parallel()
+	ib, pool := setup(t)
+	ctx := context.Background()
+	res, err := ib.Handle(ctx, "billing", "msg-1", credit("msg-1"))
+	require.NoError(t, err)
+	require.False(t, res.Duplicate)
+	// The ack never reaches the broker; it redelivers.
+	res, err = ib.Handle(ctx, "billing", "msg-1", credit("msg-1"))
+	require.NoError(t, err)
+	require.True(t, res.Duplicate)
+	testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-1'`)
+
+	// Another subscriber handles the same message independently.
+	res, err = ib.Handle(ctx, "analytics", "msg-1", credit("msg-1"))
+	require.NoError(t, err)
+	require.False(t, res.Duplicate)
+}
+
+// A message whose handler failed is handled on redelivery.
+func TestInbox_FailedHandlerIsRetried(t *testing.T) {
+	t.Parallel()
+	ib, pool := setup(t)
+	ctx := context.Background()
+	boom := errors.New("boom")
+	_, err := ib.Handle(ctx, "billing", "msg-2", func(ctx context.Context, tx pgx.Tx) error {
+		_ = credit("msg-2")(ctx, tx)
+		return boom
+	})
+	require.ErrorIs(t, err, boom)
+	testsuite.RequireCount(t, pool, 0, `SELECT count(*) FROM credits`)
+	res, err := ib.Handle(ctx, "billing", "msg-2", credit("msg-2"))
+	require.NoError(t, err)
+	require.False(t, res.Duplicate)
+	testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-2'`)
+}
+
+// A poison message is rejected definitively: its writes are undone and it is never
+// handled again.
+func TestInbox_RejectedMessage(t *testing.T) {
+	t.Parallel()
+	ib, pool := setup(t)
+	ctx := context.Background()
+	calls := 0
+	poison := func(ctx context.Context, tx pgx.Tx) error {
+		calls++
+		_ = credit("msg-3")(ctx, tx)
+		return ledger.Definitive("bad_payload", "amount is not a number")
+	}
+	res, err := ib.Handle(ctx, "billing", "msg-3", poison)
+	var derr *ledger.DefinitiveError
+	require.ErrorAs(t, err, &derr)
+	require.True(t, res.Rejected)
+	res, err = ib.Handle(ctx, "billing", "msg-3", poison)
+	require.NoError(t, err)
+	require.True(t, res.Duplicate)
+	require.True(t, res.Rejected)
+	require.Equal(t, 1, calls)
+	testsuite.RequireCount(t, pool, 0, `SELECT count(*) FROM credits`)
+}
+
+// Many consumers receive the same message at once: one effect.
+func TestInbox_ConcurrentDeliveries(t *testing.T) {
+	t.Parallel()
+	ib, pool := setup(t)
+	ctx := context.Background()
+	var handled, dups atomic.Int32
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			res, err := ib.Handle(ctx, "billing", "msg-race", credit("msg-race"))
+			if err != nil {
+				t.Errorf("handle: %v", err)
+				return
+			}
+			if res.Duplicate {
+				dups.Add(1)
+			} else {
+				handled.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int32(1), handled.Load())
+	require.Equal(t, int32(31), dups.Load())
+	testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-race'`)
+}
+
+// HandleTx joins the caller's transaction; a duplicate leaves it usable.
+func TestInbox_HandleTx(t *testing.T) {
+	t.Parallel()
+	ib, pool := setup(t)
+	ctx := context.Background()
+	for i := range 2 {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		res, err := ib.HandleTx(ctx, tx, "billing", "msg-tx", credit("msg-tx"))
+		require.NoError(t, err)
+		require.Equal(t, i == 1, res.Duplicate)
+		_, err = tx.Exec(ctx, `SELECT 1`)
+		require.NoError(t, err, "the transaction is still usable")
+		require.NoError(t, tx.Commit(ctx))
+	}
+	testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-tx'`)
+}
+
+func TestInbox_BadInputAndPurge(t *testing.T) {
+	t.Parallel()
+	ib, pool := setup(t)
+	ctx := context.Background()
+	_, err := ib.Handle(ctx, "", "m", credit("m"))
+	require.Error(t, err)
+	_, err = ib.Handle(ctx, "billing", "bad\nid", credit("m"))
+	require.Error(t, err)
+	_, err = ib.Handle(ctx, "billing", "m", nil)
+	require.ErrorIs(t, err, ledger.ErrNilFunc)
+	for i := range 30 {
+		_, err := ib.Handle(ctx, "billing", fmt.Sprintf("old-%d", i), credit("x"))
+		require.NoError(t, err)
+	}
+	_, err = pool.Exec(ctx, `UPDATE inbox_messages SET expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	n, err := ib.Purge(ctx, &inbox.PurgeOpts{BatchSize: 7})
+	require.NoError(t, err)
+	require.Equal(t, int64(30), n)
+	// An expired record counts as absent: a late redelivery is handled again.
+	res, err := ib.Handle(ctx, "billing", "old-1", credit("late"))
+	require.NoError(t, err)
+	require.False(t, res.Duplicate)
+}

@@ -1,0 +1,156 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncekit/oncekit/ledger"
+)
+
+// Event is one message to publish.
+type Event struct {
+	// ID identifies the event to its consumers, the same on every publication.
+	// Defaults to a new UUID (time-ordered).
+	ID uuid.UUID
+	// Topic routes the event.
+	Topic string
+	// OrderingKey groups events that must be published in order (with
+	// DispatcherConfig.Ordered), such as an account ID. Optional.
+	OrderingKey string
+	// Payload is the event's body.
+	Payload []byte
+	// Attempts counts publication attempts so far, when a dispatcher hands the event on.
+	Attempts int
+	// CreatedAt is when it was enqueued.
+	CreatedAt time.Time
+}
+
+// Config configures an [Outbox]. A nil *Config means all defaults.
+type Config struct {
+	// Schema holds the outbox table, as given to ledger.Migrate. Defaults to
+	// ledger.SchemaDefault.
+	Schema string
+}
+
+// Outbox enqueues and inspects events.
+type Outbox struct {
+	pool    *pgxpool.Pool
+	schema  string
+	t       string
+	channel string
+}
+
+// New returns the outbox on pool.
+func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
+	if pool == nil {
+		return nil, errors.New("oncekit/outbox: New needs a pool")
+	}
+	schema := ledger.SchemaDefault
+	if cfg != nil && cfg.Schema != "" {
+		schema = cfg.Schema
+	}
+	return &Outbox{pool: pool, schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(), channel: "oncekit_outbox." + schema}, nil
+}
+
+// Enqueue adds events in tx: they exist, and dispatchers wake for them, only if tx
+// commits. It returns the events' IDs, generating the missing ones.
+func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.UUID, error) {
+	if tx == nil {
+		return nil, errors.New("oncekit/outbox: Enqueue needs the business transaction")
+	}
+	ids := make([]uuid.UUID, len(events))
+	b := &pgx.Batch{}
+	for i, e := range events {
+		if e.Topic == "" {
+			return nil, fmt.Errorf("oncekit/outbox: event %d has no topic", i)
+		}
+		if e.ID == uuid.Nil {
+			id, err := uuid.NewV7()
+			if err != nil {
+				return nil, err
+			}
+			e.ID = id
+		}
+		ids[i] = e.ID
+		var ok *string
+		if e.OrderingKey != "" {
+			ok = &e.OrderingKey
+		}
+		payload := e.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		b.Queue(`INSERT INTO `+o.t+` (id, topic, ordering_key, payload) VALUES ($1, $2, $3, $4)`, e.ID, e.Topic, ok, payload)
+	}
+	// Delivered at commit, once per transaction however many events it enqueued.
+	b.Queue(`SELECT pg_notify($1, '')`, o.channel)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("oncekit/outbox: enqueue: %w", err)
+	}
+	return ids, nil
+}
+
+// DeadEvent is an event that kept failing.
+type DeadEvent struct {
+	Event
+	LastError string
+}
+
+// Dead lists up to limit dead events, oldest first.
+func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
+	rows, err := o.pool.Query(ctx, `SELECT id, topic, coalesce(ordering_key, ''), payload, attempts, created_at, coalesce(last_error, '')
+		FROM `+o.t+` WHERE state = 'dead' ORDER BY seq LIMIT $1`, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadEvent, error) {
+		var d DeadEvent
+		err := r.Scan(&d.ID, &d.Topic, &d.OrderingKey, &d.Payload, &d.Attempts, &d.CreatedAt, &d.LastError)
+		return d, err
+	})
+}
+
+// Retry returns a dead event to the pending state with its attempts reset, so
+// dispatchers publish it again. It reports whether the event was dead.
+func (o *Outbox) Retry(ctx context.Context, id uuid.UUID) (bool, error) {
+	tag, err := o.pool.Exec(ctx, `UPDATE `+o.t+` SET state = 'pending', attempts = 0, available_at = now(), last_error = NULL
+		WHERE id = $1 AND state = 'dead'`, id)
+	if err != nil {
+		return false, err
+	}
+	_, _ = o.pool.Exec(ctx, `SELECT pg_notify($1, '')`, o.channel)
+	return tag.RowsAffected() == 1, nil
+}
+
+// Stats counts events by state.
+type Stats struct{ Pending, Published, Dead int }
+
+// Stats counts the events in each state.
+func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
+	var s Stats
+	err := o.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'published'),
+		count(*) FILTER (WHERE state = 'dead') FROM `+o.t).Scan(&s.Pending, &s.Published, &s.Dead)
+	return s, err
+}
+
+// PurgePublished deletes events published before the given time, in batches.
+func (o *Outbox) PurgePublished(ctx context.Context, before time.Time) (int64, error) {
+	var total int64
+	for {
+		tag, err := o.pool.Exec(ctx, `DELETE FROM `+o.t+` WHERE ctid = ANY (ARRAY (
+			SELECT ctid FROM `+o.t+` WHERE state = 'published' AND published_at < $1 LIMIT 1000 FOR UPDATE SKIP LOCKED))`, before)
+		if err != nil {
+			return total, err
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < 1000 {
+			return total, nil
+		}
+	}
+}

@@ -1,0 +1,337 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekit/oncekit/idempotency"
+	"github.com/oncekit/oncekit/inbox"
+	"github.com/oncekit/oncekit/internal/pgtest"
+	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/outbox"
+	"github.com/oncekit/oncekit/testsuite"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type bundle struct {
+	pool   *pgxpool.Pool
+	schema string
+	out    *outbox.Outbox
+	in     *inbox.Inbox
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	ctx := context.Background()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := ledger.Migrate(ctx, pool, schema)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `
+		CREATE TABLE transfers (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL);
+		CREATE TABLE statements (id bigserial PRIMARY KEY, event_id uuid NOT NULL, account text NOT NULL, amount bigint NOT NULL)`)
+	require.NoError(t, err)
+	out, err := outbox.New(pool, &outbox.Config{Schema: schema})
+	require.NoError(t, err)
+	in, err := inbox.New(pool, &inbox.Config{Schema: schema})
+	require.NoError(t, err)
+	return &bundle{pool: pool, schema: schema, out: out, in: in}
+}
+
+type transfer struct {
+	Account string `json:"account"`
+	Amount  int64  `json:"amount"`
+}
+
+// produce commits a business write and its event in one transaction.
+func (b *bundle) produce(t testing.TB, account string, amount int64) uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	var id uuid.UUID
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO transfers (account, amount) VALUES ($1, $2)`, account, amount); err != nil {
+			return err
+		}
+		payload, _ := json.Marshal(transfer{Account: account, Amount: amount})
+		ids, err := b.out.Enqueue(ctx, tx, outbox.Event{Topic: "transfers", OrderingKey: account, Payload: payload})
+		if err == nil {
+			id = ids[0]
+		}
+		return err
+	}))
+	return id
+}
+
+// consume is the consumer: it books the statement line once per event, through its
+// inbox keyed by the event ID.
+func (b *bundle) consume(ctx context.Context, e outbox.Event) error {
+	_, err := b.in.Handle(ctx, "statements", e.ID.String(), func(ctx context.Context, tx pgx.Tx) error {
+		var tr transfer
+		if err := json.Unmarshal(e.Payload, &tr); err != nil {
+			return ledger.Definitive("bad_event", err.Error())
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO statements (event_id, account, amount) VALUES ($1, $2, $3)`, e.ID, tr.Account, tr.Amount)
+		return err
+	})
+	return err
+}
+
+func (b *bundle) dispatcher(t testing.TB, pub outbox.Publisher, cfg *outbox.DispatcherConfig) *outbox.Dispatcher {
+	t.Helper()
+	d, err := outbox.NewDispatcher(b.out, pub, cfg)
+	require.NoError(t, err)
+	return d
+}
+
+// drain dispatches until nothing is pending.
+func (b *bundle) drain(t testing.TB, d *outbox.Dispatcher) {
+	t.Helper()
+	for range 1000 {
+		n, err := d.DispatchOnce(context.Background())
+		require.NoError(t, err)
+		if n == 0 {
+			return
+		}
+	}
+	t.Fatal("the outbox did not drain")
+}
+
+// A rolled-back business transaction leaves no event.
+func TestOutbox_RolledBackTransactionLeavesNoEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := b.out.Enqueue(ctx, tx, outbox.Event{Topic: "transfers", Payload: []byte(`{}`)}); err != nil {
+			return err
+		}
+		return errors.New("the business write failed")
+	})
+	require.Error(t, err)
+	st, err := b.out.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.Stats{}, st)
+}
+
+// The dispatcher publishes the same event more than once (it dies after publishing,
+// before marking); the consumer's inbox makes the effect happen once.
+func TestOutbox_PublishedTwiceConsumedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.produce(t, "acc-1", 500)
+	var publishes atomic.Int32
+	ctx, crash := context.WithCancel(context.Background())
+	dying := b.dispatcher(t, outbox.PublisherFunc(func(_ context.Context, e outbox.Event) error {
+		publishes.Add(1)
+		err := b.consume(context.Background(), e)
+		crash() // the dispatcher dies before its transaction marks the event published
+		return err
+	}), nil)
+	_, err := dying.DispatchOnce(ctx)
+	require.Error(t, err)
+	st, err := b.out.Stats(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Pending, "the event is still pending")
+
+	b.drain(t, b.dispatcher(t, outbox.PublisherFunc(func(ctx context.Context, e outbox.Event) error {
+		publishes.Add(1)
+		return b.consume(ctx, e)
+	}), nil))
+	require.Equal(t, int32(2), publishes.Load(), "published twice")
+	testsuite.RequireExactlyOnce(t, b.pool, `SELECT count(*) FROM statements WHERE event_id = $1`, id)
+}
+
+// End to end over HTTP: producer, outbox, dispatcher, HTTP publisher, consumer behind the
+// Idempotency-Key middleware. The consumer commits and then crashes before answering
+// (the ack is lost); the redelivery is recognised; the effect exists once.
+func TestOutbox_EndToEndOverHTTP(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l, err := ledger.New(b.pool, &ledger.Config{Schema: b.schema})
+	require.NoError(t, err)
+	mw, err := idempotency.New(&idempotency.Config{Ledger: l, TenantFunc: idempotency.FixedTenant("bank")})
+	require.NoError(t, err)
+	var dropped sync.Map
+	consumer := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, _ := idempotency.Tx(r)
+		var tr transfer
+		if err := json.NewDecoder(r.Body).Decode(&tr); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		key := r.Header.Get("Idempotency-Key")
+		id := uuid.MustParse(key[1 : len(key)-1])
+		if _, err := tx.Exec(r.Context(), `INSERT INTO statements (event_id, account, amount) VALUES ($1, $2, $3)`, id, tr.Account, tr.Amount); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})))
+	t.Cleanup(consumer.Close)
+	// The network drops the first answer to every event, after the consumer committed.
+	client := &http.Client{Transport: &dropFirstAnswer{seen: &dropped, next: http.DefaultTransport}}
+	d := b.dispatcher(t, outbox.HTTPPublisher(client, consumer.URL), &outbox.DispatcherConfig{BackoffMin: time.Millisecond})
+	var ids []uuid.UUID
+	for i := range 20 {
+		ids = append(ids, b.produce(t, fmt.Sprintf("acc-%d", i%3), int64(i)))
+	}
+	for range 50 {
+		_, err := d.DispatchOnce(context.Background())
+		require.NoError(t, err)
+		if st, _ := b.out.Stats(context.Background()); st.Published == len(ids) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // let the millisecond backoff pass
+	}
+	st, err := b.out.Stats(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, outbox.Stats{Published: 20}, st)
+	testsuite.RequireCount(t, b.pool, 20, `SELECT count(DISTINCT event_id) FROM statements`)
+	testsuite.RequireCount(t, b.pool, 20, `SELECT count(*) FROM statements`)
+}
+
+// dropFirstAnswer delivers each request but loses the first response for each
+// Idempotency-Key, as a network that fails after the server committed.
+type dropFirstAnswer struct {
+	seen *sync.Map
+	next http.RoundTripper
+}
+
+func (d *dropFirstAnswer) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := d.next.RoundTrip(r)
+	if err != nil {
+		return nil, err
+	}
+	if _, loaded := d.seen.LoadOrStore(r.Header.Get("Idempotency-Key"), true); !loaded {
+		resp.Body.Close()
+		return nil, &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}
+	}
+	return resp, nil
+}
+
+// Three dispatchers at once never lose an event, and the consumer books each once.
+func TestOutbox_ThreeDispatchersLoseNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 600
+	for i := range n {
+		b.produce(t, fmt.Sprintf("acc-%d", i%7), int64(i))
+	}
+	var publishes atomic.Int32
+	pub := outbox.PublisherFunc(func(ctx context.Context, e outbox.Event) error {
+		publishes.Add(1)
+		return b.consume(ctx, e)
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 3 {
+		d := b.dispatcher(t, pub, &outbox.DispatcherConfig{BatchSize: 25, PollInterval: 20 * time.Millisecond})
+		wg.Go(func() { _ = d.Run(ctx) })
+	}
+	require.Eventually(t, func() bool {
+		st, err := b.out.Stats(context.Background())
+		return err == nil && st.Published == n
+	}, time.Minute, 20*time.Millisecond)
+	cancel()
+	wg.Wait()
+	require.Equal(t, int32(n), publishes.Load(), "SKIP LOCKED: no event went to two dispatchers")
+	testsuite.RequireCount(t, b.pool, n, `SELECT count(DISTINCT event_id) FROM statements`)
+}
+
+// An event that keeps failing goes to the dead state; operators see it and retry it.
+func TestOutbox_DeadLetterAndRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.produce(t, "acc-dead", 1)
+	var healthy atomic.Bool
+	d := b.dispatcher(t, outbox.PublisherFunc(func(ctx context.Context, e outbox.Event) error {
+		if !healthy.Load() {
+			return errors.New("consumer down")
+		}
+		return b.consume(ctx, e)
+	}), &outbox.DispatcherConfig{MaxAttempts: 3, BackoffMin: time.Millisecond, BackoffMax: time.Millisecond})
+	for range 50 {
+		_, err := d.DispatchOnce(context.Background())
+		require.NoError(t, err)
+		time.Sleep(2 * time.Millisecond)
+	}
+	dead, err := b.out.Dead(context.Background(), 10)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, id, dead[0].ID)
+	require.Equal(t, 3, dead[0].Attempts)
+	require.Contains(t, dead[0].LastError, "consumer down")
+
+	healthy.Store(true)
+	ok, err := b.out.Retry(context.Background(), id)
+	require.NoError(t, err)
+	require.True(t, ok)
+	b.drain(t, d)
+	testsuite.RequireExactlyOnce(t, b.pool, `SELECT count(*) FROM statements WHERE event_id = $1`, id)
+}
+
+// With Ordered, a failing event holds back the later events of its key, and each key's
+// events are published in enqueue order; other keys go on.
+func TestOutbox_OrderPerKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 5 {
+		b.produce(t, "a", int64(i))
+		b.produce(t, "b", int64(i))
+	}
+	var mu sync.Mutex
+	order := map[string][]int64{}
+	failedOnce := false
+	d := b.dispatcher(t, outbox.PublisherFunc(func(ctx context.Context, e outbox.Event) error {
+		var tr transfer
+		_ = json.Unmarshal(e.Payload, &tr)
+		mu.Lock()
+		defer mu.Unlock()
+		if tr.Account == "a" && tr.Amount == 1 && !failedOnce {
+			failedOnce = true
+			return errors.New("hiccup")
+		}
+		order[tr.Account] = append(order[tr.Account], tr.Amount)
+		return nil
+	}), &outbox.DispatcherConfig{Ordered: true, BackoffMin: time.Millisecond})
+	for range 100 {
+		if _, err := d.DispatchOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := b.out.Stats(context.Background()); st.Published == 10 {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	require.Equal(t, []int64{0, 1, 2, 3, 4}, order["a"])
+	require.Equal(t, []int64{0, 1, 2, 3, 4}, order["b"])
+}
+
+func TestOutbox_BadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.out.Enqueue(ctx, nil, outbox.Event{Topic: "x"})
+	require.Error(t, err)
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := b.out.Enqueue(ctx, tx, outbox.Event{})
+		return err
+	})
+	require.ErrorContains(t, err, "no topic")
+	_, err = outbox.NewDispatcher(b.out, nil, nil)
+	require.Error(t, err)
+}
