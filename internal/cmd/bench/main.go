@@ -10,6 +10,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -18,14 +19,15 @@ import (
 
 func main() {
 	quick := flag.Bool("quick", false, "run a few iterations only, to check the benchmark works")
+	only := flag.String("only", "", "run one group only: ledger, http, messaging or activity")
 	flag.Parse()
-	if err := run(*quick); err != nil {
+	if err := run(*quick, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(quick bool) error {
+func run(quick bool, only string) error {
 	ctx := context.Background()
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
@@ -36,32 +38,30 @@ func run(quick bool) error {
 		defer c.Close()
 		url = c.ConnString()
 	}
-	cfg := ledgerBench{url: url, rounds: 7, opsPerRound: 150}
-	if quick {
-		cfg.rounds, cfg.opsPerRound = 2, 10
+	scale := func(full, small int) int {
+		if quick {
+			return small
+		}
+		return full
 	}
-	start := time.Now()
-	if err := cfg.run(ctx, os.Stdout); err != nil {
-		return err
+	groups := []struct {
+		name string
+		run  func(context.Context, io.Writer) error
+	}{
+		{"ledger", ledgerBench{url: url, rounds: scale(7, 2), opsPerRound: scale(150, 10)}.run},
+		{"http", httpBench{url: url, rounds: scale(7, 2), opsPerRound: scale(150, 10)}.run},
+		{"messaging", messagingBench{url: url, rounds: scale(7, 2), opsPerRound: scale(150, 10), dispatchN: scale(50000, 2000)}.run},
+		{"activity", activityBench{url: url, rounds: scale(15, 2)}.run},
 	}
-	fmt.Fprintf(os.Stderr, "bench: ledger done in %s\n", time.Since(start).Round(time.Millisecond))
-	start = time.Now()
-	hb := httpBench{url: url, rounds: 7, opsPerRound: 150}
-	if quick {
-		hb.rounds, hb.opsPerRound = 2, 10
+	for _, g := range groups {
+		if only != "" && only != g.name {
+			continue
+		}
+		start := time.Now()
+		if err := g.run(ctx, os.Stdout); err != nil {
+			return fmt.Errorf("%s: %w", g.name, err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s done in %s\n", g.name, time.Since(start).Round(time.Millisecond))
 	}
-	if err := hb.run(ctx, os.Stdout); err != nil {
-		return fmt.Errorf("http: %w", err)
-	}
-	fmt.Fprintf(os.Stderr, "bench: http done in %s\n", time.Since(start).Round(time.Millisecond))
-	start = time.Now()
-	ab := activityBench{url: url, rounds: 15}
-	if quick {
-		ab.rounds = 2
-	}
-	if err := ab.run(ctx, os.Stdout); err != nil {
-		return fmt.Errorf("activity: %w", err)
-	}
-	fmt.Fprintf(os.Stderr, "bench: activity done in %s\n", time.Since(start).Round(time.Millisecond))
 	return nil
 }

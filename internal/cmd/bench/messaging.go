@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncekit/oncekit/inbox"
+	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/outbox"
+)
+
+const messagingSchema = "oncekit_bench_messaging"
+
+// messagingBench measures the outbox's dispatch throughput with a no-op publisher, and
+// the outbox's enqueue and the inbox's handling side by side with the bare business
+// transaction.
+type messagingBench struct {
+	url         string
+	rounds      int
+	opsPerRound int
+	dispatchN   int
+}
+
+func (b messagingBench) run(ctx context.Context, out io.Writer) error {
+	emit := func(name string, v float64) { fmt.Fprintf(out, "metric %s %.4g\n", name, v) }
+	conn, err := pgx.Connect(ctx, b.url)
+	if err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+messagingSchema+" CASCADE")
+	if err == nil {
+		_, err = ledger.Migrate(ctx, conn, messagingSchema)
+	}
+	if err == nil {
+		_, err = conn.Exec(ctx, "CREATE TABLE "+messagingSchema+".entries (id bigserial PRIMARY KEY, amount bigint NOT NULL)")
+	}
+	conn.Close(ctx)
+	if err != nil {
+		return err
+	}
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		return err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = messagingSchema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ob, err := outbox.New(pool, &outbox.Config{Schema: messagingSchema})
+	if err != nil {
+		return err
+	}
+	ib, err := inbox.New(pool, &inbox.Config{Schema: messagingSchema})
+	if err != nil {
+		return err
+	}
+	write := func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO entries (amount) VALUES (1)`)
+		return err
+	}
+	payload := []byte(`{"account":"acc-1","amount":100}`)
+	scenarios := []struct {
+		name string
+		op   func() error
+	}{
+		{"bare", func() error { return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(ctx, tx) }) }},
+		{"enqueue", func() error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if err := write(ctx, tx); err != nil {
+					return err
+				}
+				_, err := ob.Enqueue(ctx, tx, outbox.Event{Topic: "entries", Payload: payload})
+				return err
+			})
+		}},
+		{"inbox", func() error {
+			_, err := ib.Handle(ctx, "bench", uuid.NewString(), func(ctx context.Context, tx pgx.Tx) error { return write(ctx, tx) })
+			return err
+		}},
+	}
+	samples := map[string][]float64{}
+	for round := -1; round < b.rounds; round++ {
+		for _, s := range scenarios {
+			start := time.Now()
+			for range b.opsPerRound {
+				if err := s.op(); err != nil {
+					return fmt.Errorf("%s: %w", s.name, err)
+				}
+			}
+			if round >= 0 {
+				samples[s.name] = append(samples[s.name], float64(time.Since(start).Microseconds())/float64(b.opsPerRound))
+			}
+		}
+	}
+	med := func(xs []float64) float64 {
+		xs = slices.Clone(xs)
+		slices.Sort(xs)
+		return xs[len(xs)/2]
+	}
+	bare := med(samples["bare"])
+	emit("outbox.enqueue_vs_bare", med(samples["enqueue"])/bare)
+	emit("inbox.handle_vs_bare", med(samples["inbox"])/bare)
+
+	// Dispatch throughput: fill the outbox, then drain it with a no-op publisher.
+	if _, err := pool.Exec(ctx, `TRUNCATE outbox_events`); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox_events (id, topic, payload)
+		SELECT gen_random_uuid(), 'entries', $2::bytea FROM generate_series(1, $1)`, b.dispatchN, payload); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox_events`); err != nil {
+		return err
+	}
+	d, err := outbox.NewDispatcher(ob, outbox.PublisherFunc(func(context.Context, outbox.Event) error { return nil }),
+		&outbox.DispatcherConfig{BatchSize: 1000})
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	total := 0
+	for {
+		n, err := d.DispatchOnce(ctx)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			break
+		}
+		total += n
+	}
+	took := time.Since(start)
+	if total != b.dispatchN {
+		return fmt.Errorf("dispatched %d of %d events", total, b.dispatchN)
+	}
+	emit("outbox.dispatch_per_s", float64(total)/took.Seconds())
+	return nil
+}
