@@ -16,13 +16,6 @@ import (
 	"github.com/oncekit/oncekit/worker"
 )
 
-type quiet struct{}
-
-func (quiet) Debug(string, ...any) {}
-func (quiet) Info(string, ...any)  {}
-func (quiet) Warn(string, ...any)  {}
-func (quiet) Error(string, ...any) {}
-
 // The Temporal publisher starts a workflow whose ID comes from the event ID. The
 // dispatcher dies after the first publication and publishes again; Temporal rejects the
 // duplicate start, and the workflow's effect, which is not guarded at all, exists once.
@@ -31,7 +24,7 @@ func TestTemporalPublisher_DuplicatePublishIsRejectedByTemporal(t *testing.T) {
 	b := setup(t)
 	srv := testsuite.StartDevServer(t)
 	ctx := context.Background()
-	c, err := worker.Dial(ctx, client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: quiet{}})
+	c, err := worker.Dial(ctx, client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: testsuite.QuietLogger{}})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	queue := "outbox-" + b.schema

@@ -12,6 +12,7 @@ import (
 	tworker "go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/oncekit/oncekit/internal/devserver"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/worker"
 )
@@ -63,7 +64,7 @@ func NewWorkflowEnvironment(opts *EnvOpts) *WorkflowEnvironment {
 		o.Tenant = TenantDefault + "-" + uuid.NewString()[:8]
 	}
 	var s ttestsuite.WorkflowTestSuite
-	s.SetLogger(quietLogger{})
+	s.SetLogger(QuietLogger{})
 	env := s.NewTestWorkflowEnvironment()
 	var ics []interceptor.WorkerInterceptor
 	if o.Faults != nil {
@@ -109,10 +110,6 @@ func RequireExactlyOnce(t testing.TB, q Querier, sql string, args ...any) {
 	RequireCount(t, q, 1, sql, args...)
 }
 
-// quietLogger drops the environment's logs, which would drown test output.
-type quietLogger struct{}
-
-func (quietLogger) Debug(string, ...any) {}
-func (quietLogger) Info(string, ...any)  {}
-func (quietLogger) Warn(string, ...any)  {}
-func (quietLogger) Error(string, ...any) {}
+// QuietLogger is a Temporal logger that drops everything, for clients and
+// environments in tests and demos whose logs would drown the output.
+type QuietLogger = devserver.QuietLogger

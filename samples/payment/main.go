@@ -119,7 +119,7 @@ func run(cfg config) (demoReport, error) {
 	sup.start()
 	defer sup.stop()
 
-	c, err := worker.Dial(ctx, client.Options{HostPort: tmp.HostPort, Namespace: tmp.Namespace, Logger: quietLogger{}})
+	c, err := worker.Dial(ctx, client.Options{HostPort: tmp.HostPort, Namespace: tmp.Namespace, Logger: testsuite.QuietLogger{}})
 	if err != nil {
 		return demoReport{}, err
 	}

@@ -10,6 +10,7 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/testsuite"
 	"github.com/oncekit/oncekit/worker"
 )
 
@@ -40,7 +41,7 @@ func runWorker(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c, err := worker.Dial(ctx, client.Options{HostPort: os.Getenv(envTemporal), Namespace: os.Getenv(envNamespace), Logger: quietLogger{}})
+	c, err := worker.Dial(ctx, client.Options{HostPort: os.Getenv(envTemporal), Namespace: os.Getenv(envNamespace), Logger: testsuite.QuietLogger{}})
 	if err != nil {
 		return err
 	}
@@ -71,10 +72,3 @@ func runWorker(ctx context.Context) error {
 	w.Stop()
 	return nil
 }
-
-type quietLogger struct{}
-
-func (quietLogger) Debug(string, ...any) {}
-func (quietLogger) Info(string, ...any)  {}
-func (quietLogger) Warn(string, ...any)  {}
-func (quietLogger) Error(string, ...any) {}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
@@ -56,27 +55,7 @@ func (b activityBench) run(ctx context.Context, out io.Writer) error {
 	}
 	defer srv.Stop()
 
-	conn, err := pgx.Connect(ctx, b.url)
-	if err != nil {
-		return err
-	}
-	_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+activitySchema+" CASCADE")
-	if err == nil {
-		_, err = ledger.Migrate(ctx, conn, activitySchema)
-	}
-	if err == nil {
-		_, err = conn.Exec(ctx, "CREATE TABLE "+activitySchema+".steps (id bigserial PRIMARY KEY, workflow text NOT NULL, step int NOT NULL)")
-	}
-	conn.Close(ctx)
-	if err != nil {
-		return err
-	}
-	cfg, err := pgxpool.ParseConfig(b.url)
-	if err != nil {
-		return err
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = activitySchema
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := freshSchema(ctx, b.url, activitySchema, `CREATE TABLE steps (id bigserial PRIMARY KEY, workflow text NOT NULL, step int NOT NULL)`)
 	if err != nil {
 		return err
 	}

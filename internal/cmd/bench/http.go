@@ -12,7 +12,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/idempotency"
 	"github.com/oncekit/oncekit/ledger"
@@ -30,27 +29,7 @@ type httpBench struct {
 
 func (b httpBench) run(ctx context.Context, out io.Writer) error {
 	emit := func(name string, v float64) { fmt.Fprintf(out, "metric %s %.4g\n", name, v) }
-	conn, err := pgx.Connect(ctx, b.url)
-	if err != nil {
-		return err
-	}
-	_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+httpSchema+" CASCADE")
-	if err == nil {
-		_, err = ledger.Migrate(ctx, conn, httpSchema)
-	}
-	if err == nil {
-		_, err = conn.Exec(ctx, "CREATE TABLE "+httpSchema+".orders (id bigserial PRIMARY KEY, item text NOT NULL)")
-	}
-	conn.Close(ctx)
-	if err != nil {
-		return err
-	}
-	cfg, err := pgxpool.ParseConfig(b.url)
-	if err != nil {
-		return err
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = httpSchema
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := freshSchema(ctx, b.url, httpSchema, `CREATE TABLE orders (id bigserial PRIMARY KEY, item text NOT NULL)`)
 	if err != nil {
 		return err
 	}

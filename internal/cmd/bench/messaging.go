@@ -9,10 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/inbox"
-	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/outbox"
 )
 
@@ -30,27 +28,7 @@ type messagingBench struct {
 
 func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 	emit := func(name string, v float64) { fmt.Fprintf(out, "metric %s %.4g\n", name, v) }
-	conn, err := pgx.Connect(ctx, b.url)
-	if err != nil {
-		return err
-	}
-	_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+messagingSchema+" CASCADE")
-	if err == nil {
-		_, err = ledger.Migrate(ctx, conn, messagingSchema)
-	}
-	if err == nil {
-		_, err = conn.Exec(ctx, "CREATE TABLE "+messagingSchema+".entries (id bigserial PRIMARY KEY, amount bigint NOT NULL)")
-	}
-	conn.Close(ctx)
-	if err != nil {
-		return err
-	}
-	cfg, err := pgxpool.ParseConfig(b.url)
-	if err != nil {
-		return err
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = messagingSchema
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := freshSchema(ctx, b.url, messagingSchema, `CREATE TABLE entries (id bigserial PRIMARY KEY, amount bigint NOT NULL)`)
 	if err != nil {
 		return err
 	}
