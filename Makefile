@@ -10,7 +10,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-demo: ## Run the payment-saga demo: 300 orders with injected faults, oncekit beside a naive saga.
+demo: temporal-cli ## Run the payment-saga demo: 300 orders with injected faults, oncekit beside a naive saga.
 	$(GO) run ./samples/payment $(DEMO_FLAGS)
 
 test: temporal-cli ## Run every test under -race, against a throwaway PostgreSQL and a Temporal dev server.
@@ -19,10 +19,10 @@ test: temporal-cli ## Run every test under -race, against a throwaway PostgreSQL
 temporal-cli: ## Build the Temporal CLI (dev server) into ~/.cache/oncekit once; minutes the first time.
 	@$(GO) run ./internal/cmd/temporal-cli >/dev/null
 
-bench: ## Measure the ledger side by side with the bare mutation; prints "metric <name> <value>".
+bench: temporal-cli ## Measure every guard side by side with its bare peer; prints "metric <name> <value>".
 	$(GO) run ./internal/cmd/bench
 
-bench-check: ## Run every benchmark briefly, so that none rots.
+bench-check: temporal-cli ## Run every benchmark briefly, so that none rots.
 	$(GO) run ./internal/cmd/bench -quick
 
 FUZZTIME ?= 20s
