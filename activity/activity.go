@@ -47,7 +47,7 @@ type Opts struct {
 	Strategy keys.Strategy
 	// Key is an explicit business key, such as keys.Business(orderID, "charge"); it
 	// survives workflow resets. Defaults to the key the workflow handed this activity
-	// call (keys.WithWorkflowKey, as package saga does), then to the key of Strategy.
+	// call (keys.KeyContextKey, as package saga does), then to the key of Strategy.
 	Key keys.Key
 	// Wait bounds how long the attempt waits, heartbeating, for another attempt holding
 	// the key. Defaults to [WaitDefault]; a negative value fails fast.
@@ -90,7 +90,7 @@ func newGuard(ctx context.Context, req any, opts *Opts) (*guard, error) {
 		o = *opts
 	}
 	if !tactivity.IsActivity(ctx) {
-		return nil, invalid(keys.ErrNotActivity)
+		return nil, invalid(ErrNotActivity)
 	}
 	info := tactivity.GetInfo(ctx)
 	l := o.Ledger
@@ -117,7 +117,7 @@ func newGuard(ctx context.Context, req any, opts *Opts) (*guard, error) {
 	}
 	if key == "" {
 		var err error
-		if key, err = keys.FromActivity(ctx, o.Strategy); err != nil {
+		if key, err = KeyFor(ctx, o.Strategy); err != nil {
 			return nil, invalid(err)
 		}
 	}

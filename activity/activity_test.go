@@ -176,7 +176,7 @@ func TestTenantPropagatesToActivities(t *testing.T) {
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
 	env.RegisterActivity("inventory.reserve", reserve)
 	env.ExecuteWorkflow(func(ctx workflow.Context) error {
-		ctx = keys.WithWorkflowTenant(ctx, "tenant-42")
+		ctx = workflow.WithValue(ctx, keys.TenantContextKey, "tenant-42")
 		return oneActivity(ctx, "inventory.reserve", reserveReq{OrderID: "o-t", SKU: "x", Qty: 1})
 	})
 	require.NoError(t, env.GetWorkflowError())

@@ -12,8 +12,8 @@
 //
 // # Strategies
 //
-// A key for a Temporal activity comes from the activity's identity. [FromActivity] reads
-// it from the activity's context with a [Strategy]:
+// A key for a Temporal activity comes from the activity's [Identity] by a [Strategy]
+// (package activity reads the identity from the activity's context):
 //
 //   - [RunScoped] (the default): workflow run ID + activity ID. Stable across every retry
 //     of the activity within one run. A workflow reset starts a new run, so the reset
@@ -27,8 +27,13 @@
 //
 // Local activities and standalone activities (started by a client rather than a
 // workflow) are recognised and get their own key kinds, see [Local] and [Standalone].
-// Every other constructor in this package is pure and deterministic, so it is safe in
-// workflow code.
+// Everything in this package is pure and deterministic, safe in workflow code, and free
+// of Temporal and database imports, so the ledger can use it without either.
+//
+// # Context values
+//
+// [TenantContextKey] and [KeyContextKey] carry a tenant and a key in Go and workflow
+// contexts; [TenantFrom] and [KeyFrom] read them from either.
 //
 // # Derived keys
 //

@@ -1,13 +1,11 @@
 package keys_test
 
 import (
-	"context"
 	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.temporal.io/sdk/testsuite"
 
 	"github.com/oncekit/oncekit/keys"
 )
@@ -120,26 +118,6 @@ func TestIdentity_Key(t *testing.T) {
 	require.Equal(t, keys.Standalone("provision-9", "arun"), k)
 	_, err = keys.Identity{}.Key(keys.RunScoped)
 	require.ErrorIs(t, err, keys.ErrEmpty)
-}
-
-func TestFromActivity(t *testing.T) {
-	t.Parallel()
-	_, err := keys.FromActivity(context.Background(), keys.RunScoped)
-	require.ErrorIs(t, err, keys.ErrNotActivity)
-
-	var s testsuite.WorkflowTestSuite
-	env := s.NewTestActivityEnvironment()
-	keyOf := func(ctx context.Context, strategy keys.Strategy) (string, error) {
-		k, err := keys.FromActivity(ctx, strategy)
-		return string(k), err
-	}
-	env.RegisterActivity(keyOf)
-	val, err := env.ExecuteActivity(keyOf, keys.RunScoped)
-	require.NoError(t, err)
-	var got string
-	require.NoError(t, val.Get(&got))
-	require.True(t, strings.HasPrefix(got, "v1:run:"), got)
-	require.NoError(t, keys.Key(got).Validate())
 }
 
 func TestDerive(t *testing.T) {

@@ -1,11 +1,8 @@
 package keys
 
 import (
-	"context"
 	"errors"
 	"fmt"
-
-	"go.temporal.io/sdk/activity"
 )
 
 // Strategy chooses which parts of an activity's identity make its key.
@@ -20,8 +17,9 @@ const (
 	// of the run, but is unsafe across continue-as-new: the new run numbers its activities
 	// from the start, so its first activity reuses the key of the old run's first activity.
 	WorkflowScoped
-	// BusinessScoped means the caller supplies the key (see [Business]). [FromActivity]
-	// refuses it, because an activity's identity carries no business meaning.
+	// BusinessScoped means the caller supplies the key (see [Business]).
+	// [Identity.Key] refuses it, because an activity's identity carries no business
+	// meaning.
 	BusinessScoped
 )
 
@@ -38,14 +36,12 @@ func (s Strategy) String() string {
 	}
 }
 
-// ErrNotActivity is returned by [FromActivity] when ctx is not an activity's context.
-var ErrNotActivity = errors.New("oncekit/keys: context is not a Temporal activity context: call FromActivity inside an activity, or build the key with Run, Workflow or Business")
-
-// ErrBusinessStrategy is returned by [FromActivity] for [BusinessScoped]: business keys
+// ErrBusinessStrategy is returned by [Identity.Key] for [BusinessScoped]: business keys
 // come from the caller, not from the activity's identity.
 var ErrBusinessStrategy = errors.New("oncekit/keys: the business strategy takes a caller-supplied key: build it with keys.Business")
 
 // Identity is the part of a Temporal activity's identity that keys are made from.
+// Package activity reads it from a running activity.
 type Identity struct {
 	WorkflowID    string
 	RunID         string
@@ -54,37 +50,12 @@ type Identity struct {
 	Local         bool
 }
 
-// IdentityFrom reads the identity of the activity running under ctx. ctx must be an
-// activity context; otherwise it returns [ErrNotActivity].
-func IdentityFrom(ctx context.Context) (id Identity, err error) {
-	if !activity.IsActivity(ctx) {
-		return Identity{}, ErrNotActivity
-	}
-	info := activity.GetInfo(ctx)
-	return Identity{
-		WorkflowID:    info.WorkflowExecution.ID,
-		RunID:         info.WorkflowExecution.RunID,
-		ActivityID:    info.ActivityID,
-		ActivityRunID: info.ActivityRunID,
-		Local:         info.IsLocalActivity,
-	}, nil
-}
-
-// FromActivity returns the key of the activity running under ctx by strategy s.
+// Key returns the key of this identity by strategy s.
 //
 // A standalone activity (one a client started, with no workflow) is always keyed by its
 // activity ID and activity run ID ([Standalone]). A local activity is keyed like a
 // regular one but in its own kind ([Local]), because local and regular activity IDs are
 // numbered independently.
-func FromActivity(ctx context.Context, s Strategy) (Key, error) {
-	id, err := IdentityFrom(ctx)
-	if err != nil {
-		return "", err
-	}
-	return id.Key(s)
-}
-
-// Key returns the key of this identity by strategy s.
 func (id Identity) Key(s Strategy) (Key, error) {
 	if id.ActivityID == "" {
 		return "", invalid("activity ID", "", -1, 0, ErrEmpty)

@@ -12,7 +12,7 @@
 // Each step has a key derived from the saga's key and the step's name, and each
 // compensation a key derived from its step's key ([keys.Derive] with purpose
 // "compensate"). The keys travel to the activities in their headers
-// ([keys.WithWorkflowKey]), where package activity uses them: a refund runs once even if
+// ([keys.KeyContextKey]), where package activity uses them: a refund runs once even if
 // its activity is retried, the workflow task is replayed, or compensation is started
 // twice. With the saga's key set to a business key (an order ID), a second workflow for
 // the same order replays the first one's steps instead of repeating them.

@@ -124,7 +124,7 @@ func (s *Saga) Do(ctx workflow.Context, step Step, result any) error {
 		// Registered before the step runs: a step with an unknown outcome is compensated too.
 		s.comps = append(s.comps, compensation{step: step.Name, key: compKey, act: step.Compensation, args: args})
 	}
-	f := workflow.ExecuteActivity(keys.WithWorkflowKey(ctx, stepKey), step.Activity, step.Args...)
+	f := workflow.ExecuteActivity(workflow.WithValue(ctx, keys.KeyContextKey, stepKey), step.Activity, step.Args...)
 	return f.Get(ctx, result)
 }
 
@@ -142,7 +142,7 @@ func (s *Saga) Compensate(ctx workflow.Context, cause error) error {
 	run := func(i int) workflow.Future {
 		c := s.comps[i]
 		outcomes[i] = Outcome{Step: c.step}
-		return workflow.ExecuteActivity(keys.WithWorkflowKey(dctx, c.key), c.act, c.args...)
+		return workflow.ExecuteActivity(workflow.WithValue(dctx, keys.KeyContextKey, c.key), c.act, c.args...)
 	}
 	if s.opts.Parallel {
 		futures := make([]workflow.Future, len(s.comps))

@@ -19,7 +19,7 @@ const (
 
 // TenantPropagator returns oncekit's context propagator. It carries the tenant of
 // [keys.WithTenant] from a client to its workflows, and from workflows to their
-// activities and child workflows; and it carries a key set with [keys.WithWorkflowKey]
+// activities and child workflows; and it carries a key set under [keys.KeyContextKey]
 // to the activity executed with it (never to a child workflow). [Dial] installs it.
 func TenantPropagator() workflow.ContextPropagator { return propagator{} }
 
@@ -33,12 +33,12 @@ func (propagator) Inject(ctx context.Context, w workflow.HeaderWriter) error {
 }
 
 func (propagator) InjectFromWorkflow(ctx workflow.Context, w workflow.HeaderWriter) error {
-	if t, ok := keys.WorkflowTenant(ctx); ok {
+	if t, ok := keys.TenantFrom(ctx); ok {
 		if err := writeHeader(w, TenantHeader, t); err != nil {
 			return err
 		}
 	}
-	if k, ok := keys.WorkflowKey(ctx); ok {
+	if k, ok := keys.KeyFrom(ctx); ok {
 		return writeHeader(w, KeyHeader, string(k))
 	}
 	return nil
@@ -70,7 +70,7 @@ func (propagator) ExtractToWorkflow(ctx workflow.Context, r workflow.HeaderReade
 	if err != nil || t == "" {
 		return ctx, err
 	}
-	return keys.WithWorkflowTenant(ctx, t), nil
+	return workflow.WithValue(ctx, keys.TenantContextKey, t), nil
 }
 
 func writeHeader(w workflow.HeaderWriter, name, value string) error {

@@ -25,8 +25,8 @@ func TestPropagator_TenantAndKey(t *testing.T) {
 		return seen{tenant, string(key)}, nil
 	})
 	env.RegisterWorkflow("child", func(ctx workflow.Context) (seen, error) {
-		tenant, _ := keys.WorkflowTenant(ctx)
-		_, hasKey := keys.WorkflowKey(ctx)
+		tenant, _ := keys.TenantFrom(ctx)
+		_, hasKey := keys.KeyFrom(ctx)
 		s := seen{Tenant: tenant}
 		if hasKey {
 			s.Key = "leaked"
@@ -34,16 +34,16 @@ func TestPropagator_TenantAndKey(t *testing.T) {
 		return s, nil
 	})
 	env.RegisterWorkflow("parent", func(ctx workflow.Context) ([]seen, error) {
-		ctx = keys.WithWorkflowTenant(ctx, "tenant-1")
+		ctx = workflow.WithValue(ctx, keys.TenantContextKey, "tenant-1")
 		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute})
 		var withKey, without, child seen
-		if err := workflow.ExecuteActivity(keys.WithWorkflowKey(actx, "step-key"), "observe").Get(ctx, &withKey); err != nil {
+		if err := workflow.ExecuteActivity(workflow.WithValue(actx, keys.KeyContextKey, keys.Key("step-key")), "observe").Get(ctx, &withKey); err != nil {
 			return nil, err
 		}
 		if err := workflow.ExecuteActivity(actx, "observe").Get(ctx, &without); err != nil {
 			return nil, err
 		}
-		cctx := workflow.WithChildOptions(keys.WithWorkflowKey(ctx, "step-key"), workflow.ChildWorkflowOptions{})
+		cctx := workflow.WithChildOptions(workflow.WithValue(ctx, keys.KeyContextKey, keys.Key("step-key")), workflow.ChildWorkflowOptions{})
 		if err := workflow.ExecuteChildWorkflow(cctx, "child").Get(ctx, &child); err != nil {
 			return nil, err
 		}
