@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"slices"
 	"sync"
 	"time"
 
@@ -110,33 +109,20 @@ func (b activityBench) run(ctx context.Context, out io.Writer) error {
 	}
 	defer w.Stop()
 
-	runOne := func(name string) (time.Duration, error) {
-		start := time.Now()
-		run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{TaskQueue: queue, ID: name + "-" + uuid.NewString()}, "bench.twenty", name)
-		if err != nil {
-			return 0, err
-		}
-		err = run.Get(ctx, nil)
-		return time.Since(start), err
-	}
-	samples := map[string][]float64{}
-	for round := -1; round < b.rounds; round++ { // round -1 warms up
-		for _, name := range []string{"bench.guarded", "bench.plain"} {
-			d, err := runOne(name)
+	runOne := func(name string) func(context.Context, int) error {
+		return func(ctx context.Context, _ int) error {
+			run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{TaskQueue: queue, ID: name + "-" + uuid.NewString()}, "bench.twenty", name)
 			if err != nil {
-				return fmt.Errorf("%s: %w", name, err)
+				return err
 			}
-			if round >= 0 {
-				samples[name] = append(samples[name], float64(d.Microseconds())/1000)
-			}
+			return run.Get(ctx, nil)
 		}
 	}
-	med := func(xs []float64) float64 {
-		xs = slices.Clone(xs)
-		slices.Sort(xs)
-		return xs[len(xs)/2]
+	lat, err := interleave(ctx, b.rounds, 1, 1, []scenario{{"guarded", runOne("bench.guarded")}, {"plain", runOne("bench.plain")}})
+	if err != nil {
+		return err
 	}
-	g, p := med(samples["bench.guarded"]), med(samples["bench.plain"])
+	g, p := lat["guarded"]/1000, lat["plain"]/1000
 	emit("activity.workflow20_guarded_ms", g)
 	emit("activity.workflow20_plain_ms", p)
 	emit("activity.guarded_vs_plain", g/p)
@@ -146,6 +132,6 @@ func (b activityBench) run(ctx context.Context, out io.Writer) error {
 		rs[i] = float64(d.Microseconds()) / 1000
 	}
 	mu.Unlock()
-	emit("activity.replay_ms", med(rs))
+	emit("activity.replay_ms", median(rs))
 	return nil
 }

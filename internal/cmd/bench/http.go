@@ -7,8 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"slices"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -99,34 +97,17 @@ func (b httpBench) run(ctx context.Context, out io.Writer) error {
 			return err
 		}
 	}
-	scenarios := []struct {
-		name string
-		op   func(i int) error
-	}{
-		{"bare", func(int) error { return post("/bare", "", http.StatusCreated) }},
-		{"first", func(int) error { return post("/orders", uuid.NewString(), http.StatusCreated) }},
-		{"replay", func(i int) error { return post("/orders", replayKeys[i%len(replayKeys)], http.StatusCreated) }},
+	lat, err := interleave(ctx, b.rounds, b.opsPerRound, 1, []scenario{
+		{"bare", func(context.Context, int) error { return post("/bare", "", http.StatusCreated) }},
+		{"first", func(context.Context, int) error { return post("/orders", uuid.NewString(), http.StatusCreated) }},
+		{"replay", func(_ context.Context, i int) error {
+			return post("/orders", replayKeys[i%len(replayKeys)], http.StatusCreated)
+		}},
+	})
+	if err != nil {
+		return err
 	}
-	samples := map[string][]float64{}
-	for round := -1; round < b.rounds; round++ {
-		for _, s := range scenarios {
-			start := time.Now()
-			for i := range b.opsPerRound {
-				if err := s.op(i); err != nil {
-					return err
-				}
-			}
-			if round >= 0 {
-				samples[s.name] = append(samples[s.name], float64(time.Since(start).Microseconds())/float64(b.opsPerRound))
-			}
-		}
-	}
-	med := func(xs []float64) float64 {
-		xs = slices.Clone(xs)
-		slices.Sort(xs)
-		return xs[len(xs)/2]
-	}
-	bare, first, replay := med(samples["bare"]), med(samples["first"]), med(samples["replay"])
+	bare, first, replay := lat["bare"], lat["first"], lat["replay"]
 	emit("http.bare_us", bare)
 	emit("http.first_us", first)
 	emit("http.replay_us", replay)

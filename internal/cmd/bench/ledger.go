@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -24,12 +22,6 @@ type ledgerBench struct {
 	url         string
 	rounds      int
 	opsPerRound int // per client
-}
-
-// scenario is one way of running the same business INSERT.
-type scenario struct {
-	name string
-	op   func(ctx context.Context, i int) error
 }
 
 // env is one pool and ledger, with a round-trip counter on its connections.
@@ -198,7 +190,7 @@ func (b ledgerBench) run(ctx context.Context, out io.Writer) error {
 			e.pool.Close()
 			return err
 		}
-		lat, err := b.measure(ctx, e, v.clients)
+		lat, err := interleave(ctx, b.rounds, b.opsPerRound, v.clients, e.scenarios())
 		e.pool.Close()
 		if err != nil {
 			return err
@@ -226,48 +218,6 @@ func (e *env) seedReplays(ctx context.Context, n int) error {
 		}
 	}
 	return nil
-}
-
-// measure runs every scenario round by round and returns each one's median latency per
-// operation in microseconds. With several clients, latency is the clients' busy time
-// per operation.
-func (b ledgerBench) measure(ctx context.Context, e *env, clients int) (map[string]float64, error) {
-	scens := e.scenarios()
-	samples := map[string][]float64{}
-	// A warm-up round prepares statements and fills caches.
-	for round := -1; round < b.rounds; round++ {
-		for _, s := range scens {
-			var wg sync.WaitGroup
-			var firstErr atomic.Value
-			var counter atomic.Int64
-			start := time.Now()
-			for range clients {
-				wg.Go(func() {
-					for range b.opsPerRound {
-						i := int(counter.Add(1))
-						if err := s.op(ctx, i); err != nil {
-							firstErr.CompareAndSwap(nil, err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			if err, _ := firstErr.Load().(error); err != nil {
-				return nil, fmt.Errorf("%s: %w", s.name, err)
-			}
-			if round >= 0 {
-				perOp := float64(time.Since(start).Microseconds()) * float64(clients) / float64(clients*b.opsPerRound)
-				samples[s.name] = append(samples[s.name], perOp)
-			}
-		}
-	}
-	med := map[string]float64{}
-	for name, xs := range samples {
-		slices.Sort(xs)
-		med[name] = xs[len(xs)/2]
-	}
-	return med, nil
 }
 
 // measureCosts counts network round trips and WAL activity per operation on a single

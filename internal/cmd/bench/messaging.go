@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -46,12 +45,11 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	payload := []byte(`{"account":"acc-1","amount":100}`)
-	scenarios := []struct {
-		name string
-		op   func() error
-	}{
-		{"bare", func() error { return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(ctx, tx) }) }},
-		{"enqueue", func() error {
+	lat, err := interleave(ctx, b.rounds, b.opsPerRound, 1, []scenario{
+		{"bare", func(context.Context, int) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(ctx, tx) })
+		}},
+		{"enqueue", func(context.Context, int) error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				if err := write(ctx, tx); err != nil {
 					return err
@@ -60,33 +58,17 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 				return err
 			})
 		}},
-		{"inbox", func() error {
+		{"inbox", func(context.Context, int) error {
 			_, err := ib.Handle(ctx, "bench", uuid.NewString(), func(ctx context.Context, tx pgx.Tx) error { return write(ctx, tx) })
 			return err
 		}},
+	})
+	if err != nil {
+		return err
 	}
-	samples := map[string][]float64{}
-	for round := -1; round < b.rounds; round++ {
-		for _, s := range scenarios {
-			start := time.Now()
-			for range b.opsPerRound {
-				if err := s.op(); err != nil {
-					return fmt.Errorf("%s: %w", s.name, err)
-				}
-			}
-			if round >= 0 {
-				samples[s.name] = append(samples[s.name], float64(time.Since(start).Microseconds())/float64(b.opsPerRound))
-			}
-		}
-	}
-	med := func(xs []float64) float64 {
-		xs = slices.Clone(xs)
-		slices.Sort(xs)
-		return xs[len(xs)/2]
-	}
-	bare := med(samples["bare"])
-	emit("outbox.enqueue_vs_bare", med(samples["enqueue"])/bare)
-	emit("inbox.handle_vs_bare", med(samples["inbox"])/bare)
+	bare := lat["bare"]
+	emit("outbox.enqueue_vs_bare", lat["enqueue"]/bare)
+	emit("inbox.handle_vs_bare", lat["inbox"]/bare)
 
 	// Dispatch throughput: fill the outbox, then drain it with a no-op publisher.
 	if _, err := pool.Exec(ctx, `TRUNCATE outbox_events`); err != nil {
