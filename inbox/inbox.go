@@ -18,13 +18,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 )
@@ -94,12 +93,9 @@ func (ib *Inbox) Handle(ctx context.Context, subscriber, messageID string, fn Ha
 	}
 	defer conn.Release()
 	// BEGIN and the record travel in one round trip; a duplicate fails the INSERT.
-	tx, err := conn.Conn().BeginTx(ctx, pgx.TxOptions{BeginQuery: ib.claimScript(subscriber, messageID)})
+	tx, err := pgsql.BeginScript(ctx, conn.Conn(), ib.claimScript(subscriber, messageID))
 	if err != nil {
-		if conn.Conn().PgConn().TxStatus() != 'I' {
-			_, _ = conn.Conn().Exec(context.WithoutCancel(ctx), "ROLLBACK")
-		}
-		if isDuplicate(err) {
+		if pgsql.IsUniqueViolation(err, "inbox_messages_pkey") {
 			return ib.previousIn(ctx, conn.Conn(), subscriber, messageID) // on the held connection: no second one from the pool
 		}
 		return Result{}, err
@@ -119,7 +115,7 @@ func (ib *Inbox) HandleTx(ctx context.Context, tx pgx.Tx, subscriber, messageID 
 	b.Queue("SAVEPOINT oncekit_inbox")
 	b.Queue(`DELETE FROM `+ib.t+` WHERE subscriber = $1 AND message_id = $2 AND expires_at <= now()`, subscriber, messageID)
 	b.Queue(`INSERT INTO `+ib.t+` (subscriber, message_id, received_at, expires_at) VALUES ($1, $2, now(), now() + $3::interval)
-		ON CONFLICT DO NOTHING`, subscriber, messageID, interval(ib.cfg.Retention))
+		ON CONFLICT DO NOTHING`, subscriber, messageID, pgsql.Interval(ib.cfg.Retention))
 	b.Queue("SAVEPOINT oncekit_inbox_fn")
 	res := tx.SendBatch(ctx, b)
 	var inserted bool
@@ -207,10 +203,10 @@ func (ib *Inbox) run(ctx context.Context, tx pgx.Tx, subscriber, messageID strin
 // way first, and a live one fails the INSERT with a unique violation. Interpolated
 // values are validated printable ASCII.
 func (ib *Inbox) claimScript(subscriber, messageID string) string {
-	pk := "subscriber = " + quote(subscriber) + " AND message_id = " + quote(messageID)
+	pk := "subscriber = " + pgsql.QuoteLiteral(subscriber) + " AND message_id = " + pgsql.QuoteLiteral(messageID)
 	return "BEGIN; DELETE FROM " + ib.t + " WHERE " + pk + " AND expires_at <= now(); " +
-		"INSERT INTO " + ib.t + " (subscriber, message_id, received_at, expires_at) VALUES (" + quote(subscriber) + ", " +
-		quote(messageID) + ", now(), now() + interval '" + interval(ib.cfg.Retention) + "'); SAVEPOINT oncekit_inbox_fn"
+		"INSERT INTO " + ib.t + " (subscriber, message_id, received_at, expires_at) VALUES (" + pgsql.QuoteLiteral(subscriber) + ", " +
+		pgsql.QuoteLiteral(messageID) + ", now(), now() + interval '" + pgsql.Interval(ib.cfg.Retention) + "'); SAVEPOINT oncekit_inbox_fn"
 }
 
 func (ib *Inbox) previousIn(ctx context.Context, q interface {
@@ -236,18 +232,9 @@ func (ib *Inbox) Purge(ctx context.Context, opts *PurgeOpts) (int64, error) {
 	if opts != nil && opts.BatchSize > 0 {
 		n = opts.BatchSize
 	}
-	var total int64
-	for {
-		tag, err := ib.pool.Exec(ctx, `DELETE FROM `+ib.t+` WHERE ctid = ANY (ARRAY (
-			SELECT ctid FROM `+ib.t+` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))`, n)
-		if err != nil {
-			return total, err
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(n) {
-			return total, nil
-		}
-	}
+	deleted, _, err := pgsql.DeleteBatches(ctx, ib.pool, `DELETE FROM `+ib.t+` WHERE ctid = ANY (ARRAY (
+		SELECT ctid FROM `+ib.t+` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))`, n, 0, n)
+	return deleted, err
 }
 
 func validate(subscriber, messageID string, fn HandlerFunc) error {
@@ -262,13 +249,3 @@ func validate(subscriber, messageID string, fn HandlerFunc) error {
 	}
 	return nil
 }
-
-func isDuplicate(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "inbox_messages_pkey"
-}
-
-// quote quotes a validated printable-ASCII value as a SQL literal (standard strings).
-func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
-func interval(d time.Duration) string { return fmt.Sprintf("%d microseconds", d.Microseconds()) }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekit/oncekit/internal/pgsql"
 )
 
 // ClaimOpts are per-call options of [Ledger.Claim]. A nil *ClaimOpts means all defaults.
@@ -96,7 +98,7 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 		lease := &Lease{Intent: in, Token: token}
 		var createdAt time.Time
 		err := q.QueryRow(ctx, l.q.claim, in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(),
-			string(in.Fingerprint), token, interval(o.Lease), interval(l.retention(in.Scope.Operation, o.Retention)),
+			string(in.Fingerprint), token, pgsql.Interval(o.Lease), pgsql.Interval(l.retention(in.Scope.Operation, o.Retention)),
 		).Scan(&lease.Attempt, &lease.Uncertain, &lease.Until, &createdAt)
 		if err == nil {
 			lease.Redrive = lease.Attempt > 1
@@ -239,7 +241,7 @@ func (l *Ledger) extend(ctx context.Context, q querier, lease *Lease, d time.Dur
 		return errors.New("oncekit/ledger: Extend needs a positive duration")
 	}
 	var until time.Time
-	if err := q.QueryRow(ctx, l.q.extend, l.leaseArgs(lease, interval(d))...).Scan(&until); err != nil {
+	if err := q.QueryRow(ctx, l.q.extend, l.leaseArgs(lease, pgsql.Interval(d))...).Scan(&until); err != nil {
 		return l.finishErr(ctx, q, lease, err)
 	}
 	lease.Until = until

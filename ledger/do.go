@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/keys"
 )
 
@@ -228,10 +229,7 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
-func isOwnConflict(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "idempotency_records_pkey"
-}
+func isOwnConflict(err error) bool { return pgsql.IsUniqueViolation(err, "idempotency_records_pkey") }
 
 // managedTx hands fn the transaction without the power to end it.
 type managedTx struct{ pgx.Tx }

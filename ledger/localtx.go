@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekit/oncekit/internal/pgsql"
 )
 
 // ownTx is the ledger's own transaction on a pooled connection. It spends no round trip
@@ -25,19 +27,10 @@ func (o *ownTx) tx() pgx.Tx { return o.t }
 // record makes the claim fail with a unique violation, which leaves the connection in an
 // aborted transaction to roll back.
 func (o *ownTx) claim(ctx context.Context, in Intent, wait time.Duration) (bool, error) {
-	pc := o.conn.PgConn()
-	if pc.ParameterStatus("standard_conforming_strings") != "on" {
-		return false, errors.New("oncekit/ledger: the connection must have standard_conforming_strings=on (the PostgreSQL default)")
-	}
-	t, err := o.conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: o.l.claimScript(in, wait)})
+	t, err := pgsql.BeginScript(ctx, o.conn, o.l.claimScript(in, wait))
 	if err == nil {
 		o.t = t
 		return true, nil
-	}
-	if pc.TxStatus() != 'I' {
-		if _, rbErr := o.conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
-			return false, errors.Join(err, rbErr)
-		}
 	}
 	if isOwnConflict(err) {
 		return false, nil
@@ -50,10 +43,10 @@ func (o *ownTx) claim(ctx context.Context, in Intent, wait time.Duration) (bool,
 func (l *Ledger) claimScript(in Intent, wait time.Duration) string {
 	now := "NULL"
 	if t := l.now(); t != nil {
-		now = quoteLiteral(t.UTC().Format(time.RFC3339Nano))
+		now = pgsql.QuoteLiteral(t.UTC().Format(time.RFC3339Nano))
 	}
-	return "BEGIN; SELECT " + l.q.claimFunc + "(" + quoteLiteral(in.Scope.Tenant) + ", " +
-		quoteLiteral(in.Scope.Operation) + ", " + quoteLiteral(string(in.Key)) + ", " + now + ", " +
+	return "BEGIN; SELECT " + l.q.claimFunc + "(" + pgsql.QuoteLiteral(in.Scope.Tenant) + ", " +
+		pgsql.QuoteLiteral(in.Scope.Operation) + ", " + pgsql.QuoteLiteral(string(in.Key)) + ", " + now + ", " +
 		strconv.FormatInt(waitMillis(wait), 10) + "); SAVEPOINT oncekit_fn"
 }
 
@@ -182,12 +175,12 @@ func (l *Ledger) sendAll(ctx context.Context, q querier, b *pgx.Batch) error {
 
 func (l *Ledger) completedArgs(in Intent, resp Response, retention time.Duration) []any {
 	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(), string(in.Fingerprint),
-		interval(retention), resp.Code, resp.Body, nullable(resp.ResourceRef)}
+		pgsql.Interval(retention), resp.Code, resp.Body, nullable(resp.ResourceRef)}
 }
 
 func (l *Ledger) failedArgs(in Intent, derr *DefinitiveError, retention time.Duration) []any {
 	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(), string(in.Fingerprint),
-		interval(retention), derr.Code, derr.Message}
+		pgsql.Interval(retention), derr.Code, derr.Message}
 }
 
 // waitMillis renders a wait for the claim function: 0 means do not wait at all.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekit/oncekit/internal/pgsql"
 )
 
 // PurgeBatchDefault is how many records one purge statement deletes at most.
@@ -52,16 +54,10 @@ func (l *Ledger) purge(ctx context.Context, q querier, opts *PurgeOpts) (PurgeRe
 		return PurgeResult{}, errors.New("oncekit/ledger: PurgeOpts values must not be negative")
 	}
 	var res PurgeResult
-	for o.MaxBatches == 0 || res.Batches < o.MaxBatches {
-		tag, err := q.Exec(ctx, l.q.purge, l.now(), o.BatchSize)
-		if err != nil {
-			return res, fmt.Errorf("oncekit/ledger: purge: %w", err)
-		}
-		res.Batches++
-		res.Deleted += tag.RowsAffected()
-		if tag.RowsAffected() < int64(o.BatchSize) {
-			break
-		}
+	var err error
+	res.Deleted, res.Batches, err = pgsql.DeleteBatches(ctx, q, l.q.purge, o.BatchSize, o.MaxBatches, l.now(), o.BatchSize)
+	if err != nil {
+		return res, fmt.Errorf("oncekit/ledger: purge: %w", err)
 	}
 	return res, nil
 }

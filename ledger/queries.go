@@ -3,8 +3,6 @@ package ledger
 import (
 	"context"
 	"errors"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -151,16 +149,4 @@ func nullable(s string) *string {
 		return nil
 	}
 	return &s
-}
-
-// interval renders d as a PostgreSQL interval literal in microseconds.
-func interval(d time.Duration) string {
-	return strconv.FormatInt(d.Microseconds(), 10) + " microseconds"
-}
-
-// quoteLiteral quotes s as a SQL string literal. It is only used for values validated as
-// printable ASCII (tenant, operation, key) and timestamps, on connections that report
-// standard_conforming_strings=on, where doubling the quote is the complete escape.
-func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }

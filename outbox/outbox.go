@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/ledger"
 )
 
@@ -141,16 +142,7 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 
 // PurgePublished deletes events published before the given time, in batches.
 func (o *Outbox) PurgePublished(ctx context.Context, before time.Time) (int64, error) {
-	var total int64
-	for {
-		tag, err := o.pool.Exec(ctx, `DELETE FROM `+o.t+` WHERE ctid = ANY (ARRAY (
-			SELECT ctid FROM `+o.t+` WHERE state = 'published' AND published_at < $1 LIMIT 1000 FOR UPDATE SKIP LOCKED))`, before)
-		if err != nil {
-			return total, err
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < 1000 {
-			return total, nil
-		}
-	}
+	deleted, _, err := pgsql.DeleteBatches(ctx, o.pool, `DELETE FROM `+o.t+` WHERE ctid = ANY (ARRAY (
+		SELECT ctid FROM `+o.t+` WHERE state = 'published' AND published_at < $1 LIMIT 1000 FOR UPDATE SKIP LOCKED))`, 1000, 0, before)
+	return deleted, err
 }

@@ -1,0 +1,82 @@
+// Package pgsql holds the SQL mechanics oncekit's PostgreSQL packages share: a
+// transaction begun by a one-round-trip script, literal quoting for such scripts, and
+// batched deletes that many nodes may run at once.
+package pgsql
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// BeginScript begins a transaction on conn by running script (which starts with BEGIN)
+// with the simple query protocol, so the statements after BEGIN cost no round trip of
+// their own. Their results are discarded; a failing statement is the script's answer,
+// returned as the error after the aborted transaction has been rolled back, so conn is
+// idle again.
+//
+// Scripts interpolate values with [QuoteLiteral], which is only safe where the server
+// has standard_conforming_strings on; BeginScript refuses any other connection.
+func BeginScript(ctx context.Context, conn *pgx.Conn, script string) (pgx.Tx, error) {
+	pc := conn.PgConn()
+	if pc.ParameterStatus("standard_conforming_strings") != "on" {
+		return nil, errors.New("oncekit: the connection must have standard_conforming_strings=on (the PostgreSQL default)")
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: script})
+	if err == nil {
+		return tx, nil
+	}
+	if pc.TxStatus() != 'I' {
+		if _, rbErr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
+			return nil, errors.Join(err, rbErr)
+		}
+	}
+	return nil, err
+}
+
+// QuoteLiteral quotes s as a SQL string literal. Use it only for values validated as
+// printable ASCII (or timestamps) and on connections BeginScript accepts, where
+// doubling the quote is the complete escape.
+func QuoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+// Interval renders d as the text of a PostgreSQL interval, in microseconds.
+func Interval(d time.Duration) string {
+	return strconv.FormatInt(d.Microseconds(), 10) + " microseconds"
+}
+
+// IsUniqueViolation reports whether err is a unique violation of the named constraint.
+func IsUniqueViolation(err error, constraint string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == constraint
+}
+
+// Execer runs a statement: a pool, a connection or a transaction.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// DeleteBatches runs a batched delete until a batch deletes fewer than batch rows, or
+// maxBatches statements have run (0: no limit). The statement deletes at most batch
+// rows, selected FOR UPDATE SKIP LOCKED so concurrent purgers share the work; args are
+// its arguments.
+func DeleteBatches(ctx context.Context, q Execer, sql string, batch, maxBatches int, args ...any) (deleted int64, batches int, err error) {
+	for maxBatches == 0 || batches < maxBatches {
+		tag, err := q.Exec(ctx, sql, args...)
+		if err != nil {
+			return deleted, batches, err
+		}
+		batches++
+		deleted += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			break
+		}
+	}
+	return deleted, batches, nil
+}
