@@ -19,33 +19,30 @@ import (
 // client's retry gets the stored result, byte for byte, and the mutation ran once.
 func TestDo_ResponseLostRetryReplays(t *testing.T) {
 	t.Parallel()
-	for _, first := range []bool{false, true} {
-		t.Run(map[bool]string{false: "LookupFirst", true: "ClaimFirst"}[first], func(t *testing.T) {
-			t.Parallel()
-			l, b := setup(t, nil)
-			ctx := context.Background()
-			req := order{Item: "book", Amount: 1200}
-			in := intent(t, "acme", "order-1", req)
-			opts := &ledger.DoOpts{FirstAttempt: first}
+	eachClaimMode(t, func(t *testing.T, first bool) {
+		l, b := setup(t, nil)
+		ctx := context.Background()
+		req := order{Item: "book", Amount: 1200}
+		in := intent(t, "acme", "order-1", req)
+		opts := &ledger.DoOpts{FirstAttempt: first}
 
-			res1, err := l.Do(ctx, in, createOrder("acme", req), opts)
-			require.NoError(t, err)
-			require.False(t, res1.Replayed)
-			// The response is "lost": the client only knows to retry.
-			res2, err := l.Do(ctx, in, createOrder("acme", req), opts)
-			require.NoError(t, err)
-			require.True(t, res2.Replayed)
-			require.Equal(t, res1.Code, res2.Code)
-			require.Equal(t, res1.Body, res2.Body) // byte-equal
-			require.Equal(t, res1.ResourceRef, res2.ResourceRef)
-			require.Equal(t, 1, countOrders(t, b.pool, "acme"))
+		res1, err := l.Do(ctx, in, createOrder("acme", req), opts)
+		require.NoError(t, err)
+		require.False(t, res1.Replayed)
+		// The response is "lost": the client only knows to retry.
+		res2, err := l.Do(ctx, in, createOrder("acme", req), opts)
+		require.NoError(t, err)
+		require.True(t, res2.Replayed)
+		require.Equal(t, res1.Code, res2.Code)
+		require.Equal(t, res1.Body, res2.Body) // byte-equal
+		require.Equal(t, res1.ResourceRef, res2.ResourceRef)
+		require.Equal(t, 1, countOrders(t, b.pool, "acme"))
 
-			rec, err := l.Get(ctx, in.Scope, in.Key)
-			require.NoError(t, err)
-			require.Equal(t, ledger.StateCompleted, rec.State)
-			require.Equal(t, res1.Body, rec.Response.Body)
-		})
-	}
+		rec, err := l.Get(ctx, in.Scope, in.Key)
+		require.NoError(t, err)
+		require.Equal(t, ledger.StateCompleted, rec.State)
+		require.Equal(t, res1.Body, rec.Response.Body)
+	})
 }
 
 // A replay is semantically equal to the first result even when the state it came from
@@ -72,48 +69,45 @@ func TestDo_ReplayIsByteEqualAfterStateChanges(t *testing.T) {
 // caller gets the same result.
 func TestDo_RaceOnOneKey(t *testing.T) {
 	t.Parallel()
-	for _, first := range []bool{false, true} {
-		t.Run(map[bool]string{false: "LookupFirst", true: "ClaimFirst"}[first], func(t *testing.T) {
-			t.Parallel()
-			l, b := setup(t, nil)
-			ctx := context.Background()
-			req := order{Item: "chair", Amount: 9900}
-			in := intent(t, "acme", "order-race", req)
-			const n = 64
-			var (
-				wg      sync.WaitGroup
-				mu      sync.Mutex
-				bodies  = map[string]int{}
-				replays int
-				start   = make(chan struct{})
-			)
-			for range n {
-				wg.Go(func() {
-					<-start
-					res, err := l.Do(ctx, in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
-						resp, err := createOrder("acme", req)(ctx, tx)
-						// Hold the claim a moment so the others pile up behind it.
-						_, _ = tx.Exec(ctx, "SELECT pg_sleep(0.05)")
-						return resp, err
-					}, &ledger.DoOpts{Wait: 30 * time.Second, FirstAttempt: first})
-					if !assertNoError(t, err) {
-						return
-					}
-					mu.Lock()
-					defer mu.Unlock()
-					bodies[string(res.Body)]++
-					if res.Replayed {
-						replays++
-					}
-				})
-			}
-			close(start)
-			wg.Wait()
-			require.Len(t, bodies, 1, "every caller gets the same result")
-			require.Equal(t, n-1, replays)
-			require.Equal(t, 1, countOrders(t, b.pool, "acme"))
-		})
-	}
+	eachClaimMode(t, func(t *testing.T, first bool) {
+		l, b := setup(t, nil)
+		ctx := context.Background()
+		req := order{Item: "chair", Amount: 9900}
+		in := intent(t, "acme", "order-race", req)
+		const n = 64
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			bodies  = map[string]int{}
+			replays int
+			start   = make(chan struct{})
+		)
+		for range n {
+			wg.Go(func() {
+				<-start
+				res, err := l.Do(ctx, in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+					resp, err := createOrder("acme", req)(ctx, tx)
+					// Hold the claim a moment so the others pile up behind it.
+					_, _ = tx.Exec(ctx, "SELECT pg_sleep(0.05)")
+					return resp, err
+				}, &ledger.DoOpts{Wait: 30 * time.Second, FirstAttempt: first})
+				if !assertNoError(t, err) {
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				bodies[string(res.Body)]++
+				if res.Replayed {
+					replays++
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		require.Len(t, bodies, 1, "every caller gets the same result")
+		require.Equal(t, n-1, replays)
+		require.Equal(t, 1, countOrders(t, b.pool, "acme"))
+	})
 }
 
 func assertNoError(t *testing.T, err error) bool {

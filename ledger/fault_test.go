@@ -25,49 +25,46 @@ func terminate(ctx context.Context, t *testing.T, b *testBundle, tx pgx.Tx) {
 // and the commit: nothing is half-committed, and the retry succeeds exactly once.
 func TestDo_ConnectionKilledMidTransaction(t *testing.T) {
 	t.Parallel()
-	for _, first := range []bool{false, true} {
-		t.Run(map[bool]string{false: "LookupFirst", true: "ClaimFirst"}[first], func(t *testing.T) {
-			t.Parallel()
-			l, b := setup(t, nil)
-			ctx := context.Background()
-			req := order{Item: "tv", Amount: 80000}
-			in := intent(t, "acme", "order-tv", req)
-			opts := &ledger.DoOpts{FirstAttempt: first}
+	eachClaimMode(t, func(t *testing.T, first bool) {
+		l, b := setup(t, nil)
+		ctx := context.Background()
+		req := order{Item: "tv", Amount: 80000}
+		in := intent(t, "acme", "order-tv", req)
+		opts := &ledger.DoOpts{FirstAttempt: first}
 
-			// Killed after the first write, before the second statement.
-			_, err := l.Do(ctx, in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
-				if _, err := createOrder("acme", req)(ctx, tx); err != nil {
-					return ledger.Response{}, err
-				}
-				terminate(ctx, t, b, tx)
-				_, err := tx.Exec(ctx, "SELECT 1")
+		// Killed after the first write, before the second statement.
+		_, err := l.Do(ctx, in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+			if _, err := createOrder("acme", req)(ctx, tx); err != nil {
 				return ledger.Response{}, err
-			}, opts)
-			require.Error(t, err)
+			}
+			terminate(ctx, t, b, tx)
+			_, err := tx.Exec(ctx, "SELECT 1")
+			return ledger.Response{}, err
+		}, opts)
+		require.Error(t, err)
 
-			// Killed after the mutation returned, so the commit meets a dead connection.
-			_, err = l.Do(ctx, in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
-				resp, err := createOrder("acme", req)(ctx, tx)
-				terminate(ctx, t, b, tx)
-				return resp, err
-			}, opts)
-			require.Error(t, err)
-			require.Equal(t, 0, countOrders(t, b.pool, "acme"))
-			require.Equal(t, 0, countRecords(t, b.pool, b.schema))
+		// Killed after the mutation returned, so the commit meets a dead connection.
+		_, err = l.Do(ctx, in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+			resp, err := createOrder("acme", req)(ctx, tx)
+			terminate(ctx, t, b, tx)
+			return resp, err
+		}, opts)
+		require.Error(t, err)
+		require.Equal(t, 0, countOrders(t, b.pool, "acme"))
+		require.Equal(t, 0, countRecords(t, b.pool, b.schema))
 
-			// pg_terminate_backend only signals the backend: until it has exited, its
-			// transaction still holds the key. A retry waits for that, as a client that
-			// retries with backoff would.
-			opts.Wait = 10 * time.Second
-			res, err := l.Do(ctx, in, createOrder("acme", req), opts)
-			require.NoError(t, err)
-			require.False(t, res.Replayed)
-			res, err = l.Do(ctx, in, createOrder("acme", req), opts)
-			require.NoError(t, err)
-			require.True(t, res.Replayed)
-			require.Equal(t, 1, countOrders(t, b.pool, "acme"))
-		})
-	}
+		// pg_terminate_backend only signals the backend: until it has exited, its
+		// transaction still holds the key. A retry waits for that, as a client that
+		// retries with backoff would.
+		opts.Wait = 10 * time.Second
+		res, err := l.Do(ctx, in, createOrder("acme", req), opts)
+		require.NoError(t, err)
+		require.False(t, res.Replayed)
+		res, err = l.Do(ctx, in, createOrder("acme", req), opts)
+		require.NoError(t, err)
+		require.True(t, res.Replayed)
+		require.Equal(t, 1, countOrders(t, b.pool, "acme"))
+	})
 }
 
 // PostgreSQL restarts while a mutation is in flight and again between attempts: the

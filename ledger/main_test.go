@@ -110,3 +110,14 @@ func countRecords(t testing.TB, pool *pgxpool.Pool, schema string) int {
 		"SELECT count(*) FROM "+pgx.Identifier{schema, "idempotency_records"}.Sanitize()).Scan(&n))
 	return n
 }
+
+// eachClaimMode runs test in parallel subtests for both ways Do starts: looking for a
+// stored result first, and claiming at once (DoOpts.FirstAttempt).
+func eachClaimMode(t *testing.T, test func(t *testing.T, first bool)) {
+	for _, first := range []bool{false, true} {
+		t.Run(map[bool]string{false: "LookupFirst", true: "ClaimFirst"}[first], func(t *testing.T) {
+			t.Parallel()
+			test(t, first)
+		})
+	}
+}
