@@ -82,6 +82,9 @@ type guard struct {
 	info    tactivity.Info
 	wait    time.Duration
 	purpose string
+	// derived is set when the key comes from this activity execution's identity, so
+	// that no other activity shares it.
+	derived bool
 }
 
 func newGuard(ctx context.Context, req any, opts *Opts) (*guard, error) {
@@ -115,7 +118,8 @@ func newGuard(ctx context.Context, req any, opts *Opts) (*guard, error) {
 	if key == "" {
 		key, _ = keys.KeyFrom(ctx)
 	}
-	if key == "" {
+	derived := key == ""
+	if derived {
 		var err error
 		if key, err = KeyFor(ctx, o.Strategy); err != nil {
 			return nil, invalid(err)
@@ -125,7 +129,7 @@ func newGuard(ctx context.Context, req any, opts *Opts) (*guard, error) {
 	if err != nil {
 		return nil, invalid(err)
 	}
-	g := &guard{l: l, info: info, wait: o.Wait, purpose: o.Purpose,
+	g := &guard{l: l, info: info, wait: o.Wait, purpose: o.Purpose, derived: derived,
 		in: ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: op}, Key: key, Fingerprint: fp}}
 	if g.wait == 0 {
 		g.wait = WaitDefault

@@ -41,7 +41,7 @@ func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *O
 				return ledger.Response{}, invalid(err)
 			}
 			return ledger.Response{Body: body}, nil
-		}, &ledger.DoOpts{Wait: wait, FirstAttempt: g.info.Attempt == 1})
+		}, &ledger.DoOpts{Wait: wait, FirstAttempt: g.firstAttempt()})
 		return err
 	})
 	if err != nil {
@@ -49,3 +49,9 @@ func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *O
 	}
 	return decode[Resp](res.Body)
 }
+
+// firstAttempt reports whether the ledger may claim the key with fn's first statement:
+// on attempt 1 of an activity whose key comes from its own identity, no other attempt
+// can hold the key. A key handed in (a business key, a saga's step key) may be shared,
+// so fn waits for the claim's answer before it runs.
+func (g *guard) firstAttempt() bool { return g.info.Attempt == 1 && g.derived }

@@ -91,13 +91,14 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 	}
 	start := time.Now()
 	for try := 0; ; try++ {
-		if res, err, done := l.settle(ctx, q, in, o.Wait, start); done {
+		res, err, free := l.settleQ(ctx, q, in, o.Wait, start)
+		if free == notFree {
 			return ClaimResult{Result: res}, err
 		}
 		token := uuid.New()
 		lease := &Lease{Intent: in, Token: token}
 		var createdAt time.Time
-		err := q.QueryRow(ctx, l.q.claim, in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(),
+		err = q.QueryRow(ctx, l.q.claim, in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(),
 			string(in.Fingerprint), token, pgsql.Interval(o.Lease), pgsql.Interval(l.retention(in.Scope.Operation, o.Retention)),
 		).Scan(&lease.Attempt, &lease.Uncertain, &lease.Until, &createdAt)
 		if err == nil {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/keys"
@@ -22,8 +21,14 @@ type Intent struct {
 
 // Func is a mutation that runs inside the ledger's transaction. It writes through tx and
 // returns the response to store. Returning a [*DefinitiveError] (or an error wrapping
-// one) stores that failure; any other error rolls everything back and leaves the key
-// free. It must not commit or roll back tx.
+// one) rolls its writes back and stores that failure, whatever state its statements left
+// the transaction in (a failed INSERT included); any other error rolls everything back
+// and leaves the key free. It must not commit or roll back tx.
+//
+// fn should write through tx only. A mutation that takes a second connection from the
+// ledger's own pool while it runs holds two connections at once, and enough concurrent
+// calls doing so starve the pool: every call then waits for a connection that only
+// another waiting call could free.
 type Func func(ctx context.Context, tx pgx.Tx) (Response, error)
 
 // DoOpts are per-call options of [Ledger.Do] and [Ledger.DoTx]. A nil *DoOpts means
@@ -31,15 +36,25 @@ type Func func(ctx context.Context, tx pgx.Tx) (Response, error)
 type DoOpts struct {
 	// Wait bounds how long the call waits for a concurrent attempt with the same key;
 	// when it finishes in time its result is replayed, otherwise the call returns an
-	// [*InProgressError]. Defaults to [WaitDefault]: fail fast.
+	// [*InProgressError]. Waits beyond [MaxWait] are cut to it. Defaults to
+	// [WaitDefault]: fail fast.
 	Wait time.Duration
 	// Retention overrides how long this record is kept. Defaults to the operation's
 	// retention from [Config].
 	Retention time.Duration
-	// FirstAttempt says the caller expects this to be the key's first execution (for
-	// example attempt 1 of a Temporal activity): the call claims the key at once instead
-	// of looking for a stored result first. A replay then costs one more round trip, and
-	// a first execution one fewer. Defaults to false.
+	// FirstAttempt says the caller expects this to be the key's first execution: the
+	// call claims the key at once instead of looking for a stored result first, and the
+	// claim (with BEGIN) travels in the round trip of fn's first statement. A first
+	// execution whose fn sends one statement then takes two round trips, one fewer than
+	// pgx.BeginFunc with that statement alone; a replay takes three instead of one.
+	//
+	// Because the claim's answer arrives with fn's first statement, fn is called before
+	// the key is known to be free. When it is not, that statement and every later one
+	// return an error without running, nothing fn wrote commits, and the call is decided
+	// by the key's record (replayed, refused as in progress, or waited for) as usual. So
+	// code in fn before its first statement may run for an intent that is replayed: use
+	// FirstAttempt only for an fn that acts through tx alone. Defaults to false: the
+	// call looks up the key, and claims it before fn runs.
 	FirstAttempt bool
 }
 
@@ -67,7 +82,14 @@ func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (Resu
 // DoTx is [Ledger.Do] inside a transaction the caller holds: the claim, fn's writes and
 // the stored response become part of tx, and commit or roll back with it. fn receives
 // tx itself. When DoTx returns an error other than a stored failure, everything it did
-// in tx has been rolled back to where it started, and tx remains usable.
+// in tx has been rolled back to where it started, and tx remains usable, whatever fn
+// did to it and in every pgx QueryExecMode.
+//
+// DoTx supports every isolation level. Under READ COMMITTED it sees intents other
+// transactions completed while tx was open, and replays them. Under REPEATABLE READ and
+// SERIALIZABLE, tx's snapshot cannot see an intent completed after the snapshot was
+// taken: DoTx then returns a [*SnapshotConflictError] (SQLSTATE 40001), and a retry of
+// the whole transaction replays the result.
 func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, in Intent, fn Func, opts *DoOpts) (Result, error) {
 	o := doOpts(opts)
 	if err := l.precheck(ctx, in, fn, o); err != nil {
@@ -99,140 +121,200 @@ func (l *Ledger) precheck(ctx context.Context, in Intent, fn Func, o DoOpts) err
 	return ctx.Err()
 }
 
-// localTx is the transaction a local-mode execution runs in: the ledger's own
-// ([ownTx]) or the caller's ([callerTx]).
-type localTx interface {
-	// q reads records: outside any transaction for ownTx, inside the caller's for callerTx.
-	q() querier
-	// claim takes the key for this transaction. claimed is false when a live record
-	// holds the key. A wait that runs out surfaces as a *pgconn.PgError with code 55P03.
-	claim(ctx context.Context, in Intent, wait time.Duration) (claimed bool, err error)
-	tx() pgx.Tx
-	// commit stores the response and commits (or releases the caller's savepoint).
-	commit(ctx context.Context, in Intent, resp Response, retention time.Duration) error
-	// commitFailure undoes fn's writes, stores the failure and commits.
-	commitFailure(ctx context.Context, in Intent, derr *DefinitiveError, retention time.Duration) error
-	// abort undoes the claim and fn's writes.
-	abort(ctx context.Context) error
-}
-
 const maxClaimTries = 5
 
 func (l *Ledger) do(ctx context.Context, in Intent, fn Func, o DoOpts, lt localTx) (Result, error) {
 	start := time.Now()
-	if !o.FirstAttempt {
-		if res, err, done := l.settle(ctx, lt.q(), in, o.Wait, start); done {
-			return res, err
-		}
-	}
+	retention := l.retention(in.Scope.Operation, o.Retention)
+	lock := l.lockKey(in)
+	lookFirst := !o.FirstAttempt
 	for try := 0; ; try++ {
-		wait := max(o.Wait-time.Since(start), 0)
-		claimed, err := lt.claim(ctx, in, wait)
-		if isLockTimeout(err) {
+		if lookFirst {
+			res, err, free := l.settle(ctx, lt, in, o.Wait, start)
+			if free == notFree {
+				return res, err
+			}
+		}
+		// Only a first attempt's first try sends its claim with fn's first statement;
+		// every other try knows the claim's answer before fn runs.
+		res, execErr, decided := l.execute(ctx, in, fn, lt, lock, retention, o.FirstAttempt && try == 0)
+		if decided {
+			return res, execErr
+		}
+		// The claim was refused, or the commit met a record: decide by the record.
+		res, err, free := l.settle(ctx, lt, in, o.Wait, start)
+		switch free {
+		case notFree:
+			return res, err
+		case freeAbsent:
+			if execErr == errCommitConflict {
+				if _, ok := lt.(*callerTx); ok {
+					// The record exists but this transaction's snapshot cannot see it.
+					return Result{}, &SnapshotConflictError{Scope: in.Scope, Key: in.Key}
+				}
+				break // purged since the commit met it: claim again
+			}
+			// Another attempt holds the key and has not committed: wait for it, or
+			// fail fast.
+			left := o.Wait - time.Since(start)
+			if left <= 0 {
+				return Result{}, &InProgressError{Scope: in.Scope, Key: in.Key, Waited: time.Since(start)}
+			}
+			if err := lt.waitFor(ctx, lock, left); err != nil {
+				if pgsql.Code(err) == pgsql.LockNotAvailable {
+					return Result{}, &InProgressError{Scope: in.Scope, Key: in.Key, Waited: time.Since(start)}
+				}
+				return Result{}, fmt.Errorf("oncekit/ledger: wait for %s in %s: %w", quoteKey(in.Key), in.Scope, err)
+			}
+		case freeExpired:
+			if err := lt.deleteExpired(ctx, in); err != nil {
+				return Result{}, fmt.Errorf("oncekit/ledger: remove the expired record of %s in %s: %w", quoteKey(in.Key), in.Scope, err)
+			}
+		case freeLeaseExpired:
+			// A lapsed external-mode claim: only Claim may take it over.
 			return Result{}, &InProgressError{Scope: in.Scope, Key: in.Key, Waited: time.Since(start)}
 		}
-		if err != nil {
-			return Result{}, fmt.Errorf("oncekit/ledger: claim %q in %s: %w", in.Key, in.Scope, err)
-		}
-		if claimed {
-			return l.execute(ctx, in, fn, lt, l.retention(in.Scope.Operation, o.Retention))
-		}
-		if res, err, done := l.settle(ctx, lt.q(), in, o.Wait, start); done {
-			return res, err
-		}
-		// The holder rolled back between our claim and our read: claim again.
 		if try == maxClaimTries {
 			return Result{}, &InProgressError{Scope: in.Scope, Key: in.Key, Waited: time.Since(start)}
 		}
+		lookFirst = free != freeExpired
 	}
 }
 
-// execute runs fn on a claimed key and finishes the transaction by fn's outcome.
-func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, retention time.Duration) (res Result, err error) {
+// errCommitConflict marks a commit that met a record committed by another attempt.
+var errCommitConflict = errors.New("oncekit/ledger: the key was recorded by another attempt")
+
+// execute claims the key, runs fn and finishes the transaction by fn's outcome. decided
+// is false when the claim was refused or the commit met another attempt's record: then
+// nothing of this attempt remains, and the key's record decides the call. With
+// pipelined, the claim travels with fn's first statement instead of before fn runs.
+func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lock int64, retention time.Duration, pipelined bool) (res Result, err error, decided bool) {
 	cleanup := context.WithoutCancel(ctx)
+	p := lt.begin(in, lock)
+	if !pipelined {
+		if err := p.flush(ctx); err != nil && !p.refused {
+			if aerr := lt.abort(cleanup, p); aerr != nil {
+				err = errors.Join(err, aerr)
+			}
+			return Result{}, fmt.Errorf("oncekit/ledger: claim %s in %s: %w", quoteKey(in.Key), in.Scope, err), true
+		}
+	}
 	defer func() {
-		if p := recover(); p != nil {
-			_ = lt.abort(cleanup)
-			panic(p)
+		if r := recover(); r != nil {
+			_ = lt.abort(cleanup, p)
+			panic(r)
 		}
 	}()
-	resp, fnErr := fn(ctx, managedTx{lt.tx()})
+	var resp Response
+	var fnErr error
+	if !p.refused {
+		resp, fnErr = fn(ctx, p)
+	}
+	if p.refused {
+		if err := lt.abort(cleanup, p); err != nil {
+			return Result{}, fmt.Errorf("oncekit/ledger: roll back the refused claim of %s in %s: %w", quoteKey(in.Key), in.Scope, err), true
+		}
+		return Result{}, nil, false
+	}
 	var derr *DefinitiveError
+	var created time.Time
+	var what string
 	switch {
 	case errors.As(fnErr, &derr):
-		if err := lt.commitFailure(ctx, in, derr, retention); err != nil {
-			_ = lt.abort(cleanup)
-			return Result{}, fmt.Errorf("oncekit/ledger: store failure of %q in %s: %w", in.Key, in.Scope, err)
-		}
-		return Result{CreatedAt: time.Now(), Attempts: 1}, fnErr
+		what = "store failure"
+		created, err = lt.commitFailure(ctx, p, l.failedArgs(in, derr, retention))
 	case fnErr != nil:
-		if err := lt.abort(cleanup); err != nil {
-			return Result{}, errors.Join(fnErr, err)
+		if err := lt.abort(cleanup, p); err != nil {
+			return Result{}, errors.Join(fnErr, err), true
 		}
-		return Result{}, fnErr
+		return Result{}, fnErr, true
+	default:
+		if err := l.checkResponse(resp); err != nil {
+			if aerr := lt.abort(cleanup, p); aerr != nil {
+				return Result{}, errors.Join(err, aerr), true
+			}
+			return Result{}, err, true
+		}
+		what = "store result"
+		created, err = lt.commit(ctx, p, l.completedArgs(in, resp, retention))
 	}
-	if err := l.checkResponse(resp); err != nil {
-		_ = lt.abort(cleanup)
-		return Result{}, err
+	if err != nil {
+		aerr := lt.abort(cleanup, p)
+		if p.refused || pgsql.IsUniqueViolation(err, recordsPkey) {
+			if aerr != nil {
+				return Result{}, fmt.Errorf("oncekit/ledger: roll back the refused claim of %s in %s: %w", quoteKey(in.Key), in.Scope, aerr), true
+			}
+			return Result{}, errCommitConflict, false
+		}
+		if errors.Is(err, ErrTxAborted) {
+			return Result{}, errors.Join(err, aerr), true
+		}
+		return Result{}, fmt.Errorf("oncekit/ledger: %s of %s in %s: %w", what, quoteKey(in.Key), in.Scope, errors.Join(err, aerr)), true
 	}
-	if err := lt.commit(ctx, in, resp, retention); err != nil {
-		_ = lt.abort(cleanup)
-		return Result{}, fmt.Errorf("oncekit/ledger: store result of %q in %s: %w", in.Key, in.Scope, err)
+	if derr != nil {
+		return Result{CreatedAt: created, Attempts: 1}, fnErr, true
 	}
-	return Result{Response: resp, Attempts: 1, CreatedAt: time.Now()}, nil
+	return Result{Response: resp, Attempts: 1, CreatedAt: created}, nil, true
 }
 
-// settle decides a call by the key's current record. done is false when the key is
-// free (absent or expired) and the caller should claim it. A pending record is waited
-// for, polling, until wait has passed since start.
-func (l *Ledger) settle(ctx context.Context, q querier, in Intent, wait time.Duration, start time.Time) (res Result, err error, done bool) {
+// freedom says why settle found the key free to claim, or that it did not.
+type freedom int
+
+const (
+	notFree          freedom = iota // the record decided the call
+	freeAbsent                      // no record
+	freeExpired                     // an expired record, to be removed
+	freeLeaseExpired                // a pending external-mode record whose lease ran out
+)
+
+// settle decides a call by the key's current record. A pending record is waited for,
+// polling, until wait has passed since start. When the key is free it says why.
+func (l *Ledger) settle(ctx context.Context, lt localTx, in Intent, wait time.Duration, start time.Time) (Result, error, freedom) {
+	return l.settleQ(ctx, lt.q(), in, wait, start)
+}
+
+func (l *Ledger) settleQ(ctx context.Context, q querier, in Intent, wait time.Duration, start time.Time) (Result, error, freedom) {
 	backoff := 5 * time.Millisecond
 	for {
 		rec, err := l.lookup(ctx, q, in.Scope, in.Key)
 		if err != nil {
-			return Result{}, fmt.Errorf("oncekit/ledger: read %q in %s: %w", in.Key, in.Scope, err), true
+			return Result{}, fmt.Errorf("oncekit/ledger: read %s in %s: %w", quoteKey(in.Key), in.Scope, err), notFree
 		}
-		if rec == nil || rec.Expired {
-			return Result{}, nil, false
+		if rec == nil {
+			return Result{}, nil, freeAbsent
+		}
+		if rec.Expired {
+			return Result{}, nil, freeExpired
 		}
 		if rec.Fingerprint != in.Fingerprint {
 			return Result{}, &FingerprintMismatchError{Scope: in.Scope, Key: in.Key, StoredFingerprint: rec.Fingerprint,
-				Fingerprint: in.Fingerprint, StoredState: rec.State, StoredAt: rec.CreatedAt}, true
+				Fingerprint: in.Fingerprint, StoredState: rec.State, StoredAt: rec.CreatedAt}, notFree
 		}
 		switch rec.State {
 		case StateCompleted:
-			return rec.result(true), nil, true
+			return rec.result(true), nil, notFree
 		case StateFailed:
-			return rec.result(true), rec.storedError(true), true
+			return rec.result(true), rec.storedError(true), notFree
 		}
 		// Pending in the external-effect mode: someone holds a lease.
 		if rec.LeaseExpired {
-			return Result{}, nil, false
+			return Result{}, nil, freeLeaseExpired
 		}
 		left := wait - time.Since(start)
 		if left <= 0 {
-			return Result{}, &InProgressError{Scope: in.Scope, Key: in.Key, LeaseUntil: rec.LeaseUntil, Waited: time.Since(start)}, true
+			return Result{}, &InProgressError{Scope: in.Scope, Key: in.Key, LeaseUntil: rec.LeaseUntil, Waited: time.Since(start)}, notFree
 		}
 		t := time.NewTimer(min(backoff, left))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return Result{}, ctx.Err(), true
+			return Result{}, ctx.Err(), notFree
 		case <-t.C:
 		}
 		backoff = min(backoff*2, 250*time.Millisecond)
 	}
 }
 
-func isLockTimeout(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
-}
-
-func isOwnConflict(err error) bool { return pgsql.IsUniqueViolation(err, "idempotency_records_pkey") }
-
-// managedTx hands fn the transaction without the power to end it.
-type managedTx struct{ pgx.Tx }
-
-func (managedTx) Commit(context.Context) error   { return ErrManagedTx }
-func (managedTx) Rollback(context.Context) error { return ErrManagedTx }
+// recordsPkey is the primary key of the records table: a unique violation on it means
+// another attempt recorded the key first.
+const recordsPkey = "idempotency_records_pkey"

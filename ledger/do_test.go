@@ -119,32 +119,43 @@ func assertNoError(t *testing.T, err error) bool {
 	return true
 }
 
-// The same key reused with a different payload is rejected and nothing runs.
+// The same key reused with a different payload is rejected and nothing runs. A call
+// that looks first never calls fn; one that claims at once (FirstAttempt) may call it,
+// but its statements are refused and nothing it wrote takes effect.
 func TestDo_SameKeyDifferentPayload(t *testing.T) {
 	t.Parallel()
-	l, b := setup(t, nil)
-	ctx := context.Background()
-	first := order{Item: "desk", Amount: 100}
-	_, err := l.Do(ctx, intent(t, "acme", "order-x", first), createOrder("acme", first), nil)
-	require.NoError(t, err)
+	eachClaimMode(t, func(t *testing.T, firstAttempt bool) {
+		l, b := setup(t, nil)
+		ctx := context.Background()
+		first := order{Item: "desk", Amount: 100}
+		_, err := l.Do(ctx, intent(t, "acme", "order-x", first), createOrder("acme", first), nil)
+		require.NoError(t, err)
 
-	second := order{Item: "desk", Amount: 999}
-	ran := false
-	in := intent(t, "acme", "order-x", second)
-	_, err = l.Do(ctx, in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
-		ran = true
-		return ledger.Response{}, nil
-	}, &ledger.DoOpts{FirstAttempt: true})
-	require.ErrorIs(t, err, ledger.ErrFingerprintMismatch)
-	var mm *ledger.FingerprintMismatchError
-	require.ErrorAs(t, err, &mm)
-	require.Equal(t, in.Scope, mm.Scope)
-	require.Equal(t, in.Key, mm.Key)
-	require.Equal(t, intent(t, "acme", "order-x", first).Fingerprint, mm.StoredFingerprint)
-	require.Equal(t, in.Fingerprint, mm.Fingerprint)
-	require.Equal(t, ledger.StateCompleted, mm.StoredState)
-	require.False(t, ran)
-	require.Equal(t, 1, countOrders(t, b.pool, "acme"))
+		second := order{Item: "desk", Amount: 999}
+		ran := false
+		var fnErr error
+		in := intent(t, "acme", "order-x", second)
+		_, err = l.Do(ctx, in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+			ran = true
+			resp, err := createOrder("acme", second)(ctx, tx)
+			fnErr = err
+			return resp, err
+		}, &ledger.DoOpts{FirstAttempt: firstAttempt})
+		require.ErrorIs(t, err, ledger.ErrFingerprintMismatch)
+		var mm *ledger.FingerprintMismatchError
+		require.ErrorAs(t, err, &mm)
+		require.Equal(t, in.Scope, mm.Scope)
+		require.Equal(t, in.Key, mm.Key)
+		require.Equal(t, intent(t, "acme", "order-x", first).Fingerprint, mm.StoredFingerprint)
+		require.Equal(t, in.Fingerprint, mm.Fingerprint)
+		require.Equal(t, ledger.StateCompleted, mm.StoredState)
+		if firstAttempt {
+			require.Error(t, fnErr, "the statement travelling with the refused claim did not run")
+		} else {
+			require.False(t, ran)
+		}
+		require.Equal(t, 1, countOrders(t, b.pool, "acme"))
+	})
 }
 
 // A record expires and a genuine late retry arrives: the expired record counts as

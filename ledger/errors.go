@@ -3,8 +3,10 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
+	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/keys"
 )
 
@@ -25,6 +27,9 @@ var (
 	ErrNilFunc = errors.New("oncekit/ledger: nil function: pass the mutation to run")
 	// ErrManagedTx: the function tried to commit or roll back the ledger's transaction.
 	ErrManagedTx = errors.New("oncekit/ledger: the ledger commits and rolls back its own transaction: return a result or an error instead")
+	// ErrTxAborted: the mutation returned a result although one of its statements failed
+	// and aborted the transaction, so its writes cannot commit. Nothing was stored.
+	ErrTxAborted = errors.New("oncekit/ledger: a statement of the mutation failed and aborted the transaction, yet the mutation returned a result: return the statement's error, or a *DefinitiveError to store the failure")
 )
 
 // FingerprintMismatchError reports that a key was reused with a different payload. The
@@ -130,4 +135,60 @@ func (e *DefinitiveError) Error() string {
 		return e.Code
 	}
 	return e.Code + ": " + e.Message
+}
+
+// ErrSnapshotConflict: the key was completed by a transaction that committed after the
+// caller's REPEATABLE READ or SERIALIZABLE snapshot was taken, so its result cannot be
+// read, and must not be written again, inside that snapshot.
+var ErrSnapshotConflict = errors.New("oncekit/ledger: the key was completed after this transaction's snapshot")
+
+// SnapshotConflictError reports [ErrSnapshotConflict] from [Ledger.DoTx]. Everything
+// DoTx did in the caller's transaction has been undone and the transaction is usable,
+// but the intent cannot be decided inside it: roll the whole transaction back and
+// retry it, and the retry replays the stored result. Like a serialization failure, its
+// SQLState is 40001, so retry loops that look for that code retry it.
+type SnapshotConflictError struct {
+	Scope keys.Scope
+	Key   keys.Key
+}
+
+func (e *SnapshotConflictError) Error() string {
+	return fmt.Sprintf("oncekit/ledger: key %s in %s was completed by a transaction that committed after this transaction's snapshot: roll back and retry the transaction, and the retry will replay the result",
+		quoteKey(e.Key), e.Scope)
+}
+
+// Is matches [ErrSnapshotConflict].
+func (e *SnapshotConflictError) Is(target error) bool { return target == ErrSnapshotConflict }
+
+// SQLState returns "40001" (serialization_failure).
+func (e *SnapshotConflictError) SQLState() string { return pgsql.SerializationFailure }
+
+// ErrInvalidResponse: a response the ledger cannot store as it is.
+var ErrInvalidResponse = errors.New("oncekit/ledger: invalid response")
+
+// InvalidResponseError reports a [Response] field that PostgreSQL cannot store, such as
+// a ResourceRef with a NUL byte or invalid UTF-8. Nothing was stored and the mutation
+// was rolled back.
+type InvalidResponseError struct {
+	// Field names the field: "ResourceRef".
+	Field string
+	// Offset is the byte offset of the first byte that cannot be stored.
+	Offset int
+}
+
+func (e *InvalidResponseError) Error() string {
+	return fmt.Sprintf("oncekit/ledger: Response.%s has a NUL byte or invalid UTF-8 at offset %d: store text only", e.Field, e.Offset)
+}
+
+// Is matches [ErrInvalidResponse].
+func (e *InvalidResponseError) Is(target error) bool { return target == ErrInvalidResponse }
+
+// quoteKey quotes a key for an error message, cut to its first 64 bytes: an error never
+// echoes a whole key.
+func quoteKey(k keys.Key) string {
+	const limit = 64
+	if len(k) <= limit {
+		return strconv.Quote(string(k))
+	}
+	return strconv.Quote(string(k[:limit])) + fmt.Sprintf("… (%d bytes)", len(k))
 }

@@ -25,6 +25,13 @@ const (
 	LeaseDefault = 5 * time.Minute
 	// MaxBodyDefault is the largest stored result body, in bytes.
 	MaxBodyDefault = 1 << 20
+	// MaxKeyLenLimit is the largest [Config].MaxKeyLen: with the longest tenant and
+	// operation ([keys.MaxScopeLen] each) a record's primary key still fits one index
+	// entry of PostgreSQL's B-tree (2,704 bytes).
+	MaxKeyLenLimit = 2048
+	// MaxWait is the longest wait for a concurrent duplicate: PostgreSQL's longest
+	// lock_timeout (2^31-1 ms, about 24.8 days). Longer waits are cut to it.
+	MaxWait = maxLockTimeout
 	// WaitDefault is how long a call waits for a concurrent duplicate to finish before it
 	// returns an [*InProgressError]. Zero means fail fast.
 	WaitDefault = time.Duration(0)
@@ -51,7 +58,8 @@ type Config struct {
 	// MaxBodyBytes is the largest result body the ledger stores; a larger one is refused
 	// with a [*BodyTooLargeError] and nothing is written. Defaults to [MaxBodyDefault].
 	MaxBodyBytes int
-	// MaxKeyLen is the longest key accepted, in bytes. Defaults to [keys.MaxLenDefault].
+	// MaxKeyLen is the longest key accepted, in bytes, at most [MaxKeyLenLimit].
+	// Defaults to [keys.MaxLenDefault].
 	MaxKeyLen int
 	// NowFunc, when set, replaces the database clock for expiry and leases. It exists for
 	// tests that move time; production code leaves it nil so every node shares the
@@ -93,6 +101,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Ledger, error) {
 	}
 	if c.Retention < 0 || c.Lease < 0 || c.MaxBodyBytes < 0 || c.MaxKeyLen < 0 {
 		return nil, errors.New("oncekit/ledger: Config durations and limits must not be negative")
+	}
+	if c.MaxKeyLen > MaxKeyLenLimit {
+		return nil, fmt.Errorf("oncekit/ledger: Config.MaxKeyLen %d is over MaxKeyLenLimit (%d), the longest key the ledger's index can hold", c.MaxKeyLen, MaxKeyLenLimit)
 	}
 	for op, d := range c.OperationRetention {
 		if d <= 0 {
@@ -140,6 +151,9 @@ func (l *Ledger) validate(scope keys.Scope, key keys.Key, fp keys.Fingerprint) e
 func (l *Ledger) checkResponse(resp Response) error {
 	if len(resp.Body) > l.cfg.MaxBodyBytes {
 		return &BodyTooLargeError{Size: len(resp.Body), Limit: l.cfg.MaxBodyBytes}
+	}
+	if i := checkText(resp.ResourceRef); i >= 0 {
+		return &InvalidResponseError{Field: "ResourceRef", Offset: i}
 	}
 	return nil
 }

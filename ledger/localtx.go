@@ -2,109 +2,128 @@ package ledger
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
 )
 
-// ownTx is the ledger's own transaction on a pooled connection. It spends no round trip
-// of its own: BEGIN travels with the claim, and COMMIT with the stored result.
+// localTx is the transaction a local-mode execution runs in: the ledger's own
+// ([ownTx]) or the caller's ([callerTx]). Its protocol, per attempt:
+//
+//	begin:  nothing is sent; fn gets a pipeTx
+//	fn:     its first statement travels behind [BEGIN,] the claim and a savepoint
+//	commit: the record with the result, and COMMIT (or RELEASE), in one round trip
+//
+// The claim takes a transaction-scoped advisory lock on the key without waiting, and
+// refuses when the lock is taken or a live record exists. The record itself is a plain
+// INSERT at commit, so the primary key stays the last word: a record committed by a
+// racer after the claim looked makes the commit fail with a unique violation, and the
+// attempt is settled from that record instead.
+type localTx interface {
+	// q reads records: outside any transaction for ownTx, inside the caller's for callerTx.
+	q() querier
+	// begin prepares the claim of in and returns the transaction fn runs in.
+	begin(in Intent, lock int64) *pipeTx
+	// commit stores the response and commits (or releases the caller's savepoint).
+	commit(ctx context.Context, p *pipeTx, args []any) (time.Time, error)
+	// commitFailure undoes fn's writes, stores the failure and commits. It works
+	// whatever state fn left the transaction in, aborted included.
+	commitFailure(ctx context.Context, p *pipeTx, args []any) (time.Time, error)
+	// abort undoes the claim and fn's writes, and leaves the connection (or the
+	// caller's transaction) usable.
+	abort(ctx context.Context, p *pipeTx) error
+	// waitFor blocks until the attempt holding lock has finished, for at most d. It
+	// returns an error with SQLSTATE 55P03 when d runs out.
+	waitFor(ctx context.Context, lock int64, d time.Duration) error
+	// deleteExpired removes the key's record if it has expired: an expired record is
+	// absent, and the next attempt may record a new intent under the key.
+	deleteExpired(ctx context.Context, in Intent) error
+}
+
+// lockKey is the advisory lock of a key: 64 bits of a SHA-256 over the schema and the
+// key's identity, so ledgers in different schemas never contend.
+func (l *Ledger) lockKey(in Intent) int64 {
+	h := sha256.New()
+	for _, s := range []string{"oncekit", l.cfg.Schema, in.Scope.Tenant, in.Scope.Operation, string(in.Key)} {
+		h.Write([]byte(s))
+		h.Write([]byte{0x1f})
+	}
+	var sum [sha256.Size]byte
+	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
+}
+
+func (l *Ledger) claimArgs(in Intent, lock int64) []any {
+	return []any{lock, in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now()}
+}
+
+// ownTx is the ledger's own transaction on a pooled connection.
 type ownTx struct {
 	l    *Ledger
 	conn *pgx.Conn
-	t    pgx.Tx
 }
 
 func (o *ownTx) q() querier { return o.conn }
-func (o *ownTx) tx() pgx.Tx { return o.t }
 
-// claim begins the transaction and claims the key in one round trip: BEGIN, the claim
-// and the savepoint that fences fn's writes travel as one simple-protocol script. A live
-// record makes the claim fail with a unique violation, which leaves the connection in an
-// aborted transaction to roll back.
-func (o *ownTx) claim(ctx context.Context, in Intent, wait time.Duration) (bool, error) {
-	t, err := pgsql.BeginScript(ctx, o.conn, o.l.claimScript(in, wait))
-	if err == nil {
-		o.t = t
-		return true, nil
-	}
-	if isOwnConflict(err) {
-		return false, nil
-	}
-	return false, err
+func (o *ownTx) begin(in Intent, lock int64) *pipeTx {
+	return newPipeTx(o.conn, true, 0,
+		queued(o.l.q.claimLocal, o.l.claimArgs(in, lock)...),
+		queued("SAVEPOINT oncekit_fn"))
 }
 
-// claimScript renders the claim as one script. Every interpolated value is validated
-// printable ASCII or a number.
-func (l *Ledger) claimScript(in Intent, wait time.Duration) string {
-	now := "NULL"
-	if t := l.now(); t != nil {
-		now = pgsql.QuoteLiteral(t.UTC().Format(time.RFC3339Nano))
-	}
-	return "BEGIN; SELECT " + l.q.claimFunc + "(" + pgsql.QuoteLiteral(in.Scope.Tenant) + ", " +
-		pgsql.QuoteLiteral(in.Scope.Operation) + ", " + pgsql.QuoteLiteral(string(in.Key)) + ", " + now + ", " +
-		strconv.FormatInt(waitMillis(wait), 10) + "); SAVEPOINT oncekit_fn"
+func (o *ownTx) commit(ctx context.Context, p *pipeTx, args []any) (time.Time, error) {
+	return o.finish(ctx, p, o.l.q.insertCompleted, args)
 }
 
-// commit inserts the completed record and commits, in one round trip.
-func (o *ownTx) commit(ctx context.Context, in Intent, resp Response, retention time.Duration) error {
+func (o *ownTx) commitFailure(ctx context.Context, p *pipeTx, args []any) (time.Time, error) {
+	if err := undoFn(ctx, p); err != nil {
+		return time.Time{}, err
+	}
+	return o.finish(ctx, p, o.l.q.insertFailed, args)
+}
+
+// finish inserts the record and commits, in one round trip. The transaction handed to
+// fn is done with after it; it is not committed through pgx because that would cost a
+// round trip of its own.
+func (o *ownTx) finish(ctx context.Context, p *pipeTx, insert string, args []any) (time.Time, error) {
+	if p.sent && p.err == nil && o.conn.PgConn().TxStatus() != 'T' {
+		return time.Time{}, ErrTxAborted
+	}
+	return insertAndEnd(ctx, p, insert, args, "COMMIT")
+}
+
+func (o *ownTx) abort(ctx context.Context, p *pipeTx) error {
+	if o.conn.PgConn().TxStatus() == 'I' {
+		return nil
+	}
+	// ROLLBACK without arguments travels with the simple protocol, which an aborted
+	// transaction accepts.
+	_, err := o.conn.Exec(ctx, "ROLLBACK")
+	return err
+}
+
+func (o *ownTx) waitFor(ctx context.Context, lock int64, d time.Duration) error {
 	b := &pgx.Batch{}
-	b.Queue(o.l.q.insertCompleted, o.l.completedArgs(in, resp, retention)...)
-	b.Queue("COMMIT")
-	return o.finish(ctx, b)
-}
-
-func (o *ownTx) commitFailure(ctx context.Context, in Intent, derr *DefinitiveError, retention time.Duration) error {
-	b := &pgx.Batch{}
-	b.Queue("ROLLBACK TO SAVEPOINT oncekit_fn")
-	b.Queue(o.l.q.insertFailed, o.l.failedArgs(in, derr, retention)...)
-	b.Queue("COMMIT")
-	return o.finish(ctx, b)
-}
-
-// finish runs a batch that ends in COMMIT. The pgx.Tx handed to fn is done with after
-// it; it is not committed through pgx because that would cost a round trip of its own.
-func (o *ownTx) finish(ctx context.Context, b *pgx.Batch) error {
-	if o.conn.PgConn().TxStatus() != 'T' {
-		return ErrManagedTx
-	}
-	res := o.conn.SendBatch(ctx, b)
-	var last string
-	var err error
-	for range b.Len() {
-		tag, e := res.Exec()
-		if e != nil {
-			err = e
-			break
-		}
-		last = tag.String()
-	}
-	if cerr := res.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil && last != "COMMIT" {
-		err = pgx.ErrTxCommitRollback
-	}
-	if err == nil {
-		o.t = nil
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(setLockTimeout, lockTimeout(d))
+	b.Queue(waitLock, lock)
+	err := o.conn.SendBatch(ctx, b).Close()
+	if rbErr := o.abort(context.WithoutCancel(ctx), nil); err == nil {
+		err = rbErr
 	}
 	return err
 }
 
-func (o *ownTx) abort(ctx context.Context) error {
-	if o.t == nil {
-		return nil
-	}
-	t := o.t
-	o.t = nil
-	if o.conn.PgConn().TxStatus() == 'I' {
-		return nil
-	}
-	return t.Rollback(ctx)
+func (o *ownTx) deleteExpired(ctx context.Context, in Intent) error {
+	_, err := o.conn.Exec(ctx, o.l.q.deleteExpired, in.Scope.Tenant, in.Scope.Operation, string(in.Key), o.l.now())
+	return err
 }
 
 // callerTx runs inside the caller's transaction, fenced by savepoints so that a failure
@@ -115,62 +134,115 @@ type callerTx struct {
 }
 
 func (c *callerTx) q() querier { return c.outer }
-func (c *callerTx) tx() pgx.Tx { return c.outer }
 
-func (c *callerTx) claim(ctx context.Context, in Intent, wait time.Duration) (bool, error) {
-	b := &pgx.Batch{}
-	b.Queue("SAVEPOINT oncekit_claim")
-	b.Queue("SELECT "+c.l.q.claimFunc+"($1, $2, $3, $4, $5)",
-		in.Scope.Tenant, in.Scope.Operation, string(in.Key), c.l.now(), waitMillis(wait))
-	b.Queue("SAVEPOINT oncekit_fn")
-	if err := c.l.sendAll(ctx, c.outer, b); err != nil {
-		if rbErr := c.abort(context.WithoutCancel(ctx)); rbErr != nil {
-			return false, errors.Join(err, rbErr)
-		}
-		if isOwnConflict(err) {
-			return false, nil
-		}
-		return false, err
+func (c *callerTx) begin(in Intent, lock int64) *pipeTx {
+	return newPipeTx(c.outer, false, 1,
+		queued("SAVEPOINT oncekit_claim"),
+		queued(c.l.q.claimLocal, c.l.claimArgs(in, lock)...),
+		queued("SAVEPOINT oncekit_fn"))
+}
+
+func (c *callerTx) commit(ctx context.Context, p *pipeTx, args []any) (time.Time, error) {
+	return c.finish(ctx, p, c.l.q.insertCompleted, args)
+}
+
+func (c *callerTx) commitFailure(ctx context.Context, p *pipeTx, args []any) (time.Time, error) {
+	if err := undoFn(ctx, p); err != nil {
+		return time.Time{}, err
 	}
-	return true, nil
+	return c.finish(ctx, p, c.l.q.insertFailed, args)
 }
 
-func (c *callerTx) commit(ctx context.Context, in Intent, resp Response, retention time.Duration) error {
-	b := &pgx.Batch{}
-	b.Queue(c.l.q.insertCompleted, c.l.completedArgs(in, resp, retention)...)
-	b.Queue("RELEASE SAVEPOINT oncekit_claim")
-	return c.l.sendAll(ctx, c.outer, b)
-}
-
-func (c *callerTx) commitFailure(ctx context.Context, in Intent, derr *DefinitiveError, retention time.Duration) error {
-	b := &pgx.Batch{}
-	b.Queue("ROLLBACK TO SAVEPOINT oncekit_fn")
-	b.Queue(c.l.q.insertFailed, c.l.failedArgs(in, derr, retention)...)
-	b.Queue("RELEASE SAVEPOINT oncekit_claim")
-	return c.l.sendAll(ctx, c.outer, b)
-}
-
-func (c *callerTx) abort(ctx context.Context) error {
-	b := &pgx.Batch{}
-	b.Queue("ROLLBACK TO SAVEPOINT oncekit_claim")
-	b.Queue("RELEASE SAVEPOINT oncekit_claim")
-	return c.l.sendAll(ctx, c.outer, b)
-}
-
-// sendAll runs a batch and returns its first error.
-func (l *Ledger) sendAll(ctx context.Context, q querier, b *pgx.Batch) error {
-	res := q.SendBatch(ctx, b)
-	var err error
-	for range b.Len() {
-		if _, e := res.Exec(); e != nil {
-			err = e
-			break
-		}
+func (c *callerTx) finish(ctx context.Context, p *pipeTx, insert string, args []any) (time.Time, error) {
+	if p.sent && p.err == nil && c.outer.Conn().PgConn().TxStatus() != 'T' {
+		return time.Time{}, ErrTxAborted
 	}
-	if cerr := res.Close(); err == nil {
-		err = cerr
+	return insertAndEnd(ctx, p, insert, args, "RELEASE SAVEPOINT oncekit_claim")
+}
+
+// abort rolls back to where DoTx began. Both statements travel as one simple-protocol
+// query, which an aborted transaction accepts: an extended-protocol batch would have
+// its RELEASE prepared first, and refused.
+func (c *callerTx) abort(ctx context.Context, p *pipeTx) error {
+	if p != nil && !p.sent {
+		return nil
+	}
+	_, err := c.outer.Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_claim; RELEASE SAVEPOINT oncekit_claim")
+	return err
+}
+
+func (c *callerTx) waitFor(ctx context.Context, lock int64, d time.Duration) error {
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT oncekit_wait")
+	b.Queue(setLockTimeout, lockTimeout(d))
+	b.Queue(waitLock, lock)
+	err := c.outer.SendBatch(ctx, b).Close()
+	// Rolling back to the savepoint releases the lock and restores lock_timeout.
+	_, rbErr := c.outer.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT oncekit_wait; RELEASE SAVEPOINT oncekit_wait")
+	if err == nil {
+		err = rbErr
 	}
 	return err
+}
+
+func (c *callerTx) deleteExpired(ctx context.Context, in Intent) error {
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT oncekit_claim")
+	b.Queue(c.l.q.deleteExpired, in.Scope.Tenant, in.Scope.Operation, string(in.Key), c.l.now())
+	b.Queue("RELEASE SAVEPOINT oncekit_claim")
+	err := c.outer.SendBatch(ctx, b).Close()
+	if err != nil && c.outer.Conn().PgConn().TxStatus() == 'E' {
+		if _, rbErr := c.outer.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT oncekit_claim; RELEASE SAVEPOINT oncekit_claim"); rbErr != nil {
+			return errors.Join(err, rbErr)
+		}
+	}
+	return err
+}
+
+// undoFn rolls fn's writes back to the savepoint behind the claim. When fn left the
+// transaction aborted the rollback goes alone, with the simple protocol: in an aborted
+// transaction PostgreSQL refuses to prepare or describe the statements that follow it,
+// which pgx does first for a batch in most of its exec modes.
+func undoFn(ctx context.Context, p *pipeTx) error {
+	if !p.sent || p.err != nil {
+		return nil
+	}
+	_, err := p.current().Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_fn")
+	return err
+}
+
+// insertAndEnd inserts the record, reads its creation time and ends the transaction (or
+// releases the caller's savepoint), in one round trip.
+func insertAndEnd(ctx context.Context, p *pipeTx, insert string, args []any, end string) (time.Time, error) {
+	b := &pgx.Batch{}
+	b.Queue(insert, args...)
+	b.Queue(end)
+	br, err := p.send(ctx, b)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var created time.Time
+	err = br.QueryRow().Scan(&created)
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return created, err
+}
+
+const (
+	setLockTimeout = "SELECT set_config('lock_timeout', $1, true)"
+	waitLock       = "SELECT pg_advisory_xact_lock($1)"
+	// maxLockTimeout is the longest lock_timeout PostgreSQL accepts (2^31-1 ms).
+	maxLockTimeout = time.Duration(1<<31-1) * time.Millisecond
+)
+
+// lockTimeout renders a wait for lock_timeout, clamped to what PostgreSQL accepts; 0
+// would mean "no limit" there, so the shortest wait is 1ms.
+func lockTimeout(d time.Duration) string {
+	return strconv.FormatInt(min(max(d, time.Millisecond), maxLockTimeout).Milliseconds(), 10) + "ms"
 }
 
 func (l *Ledger) completedArgs(in Intent, resp Response, retention time.Duration) []any {
@@ -180,13 +252,31 @@ func (l *Ledger) completedArgs(in Intent, resp Response, retention time.Duration
 
 func (l *Ledger) failedArgs(in Intent, derr *DefinitiveError, retention time.Duration) []any {
 	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(), string(in.Fingerprint),
-		pgsql.Interval(retention), derr.Code, derr.Message}
+		pgsql.Interval(retention), storableText(derr.Code), storableText(derr.Message)}
 }
 
-// waitMillis renders a wait for the claim function: 0 means do not wait at all.
-func waitMillis(wait time.Duration) int64 {
-	if wait <= 0 {
-		return 0
+// storableText makes s storable as PostgreSQL text: invalid UTF-8 and NUL bytes become
+// U+FFFD. A definitive failure is the intent's outcome, so its text is repaired rather
+// than the failure lost.
+func storableText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
+// checkText returns the offset of the first byte of s that PostgreSQL text cannot hold
+// (NUL or invalid UTF-8), or -1.
+func checkText(s string) int {
+	if i := strings.IndexByte(s, 0); i >= 0 {
+		return i
 	}
-	return max(wait.Milliseconds(), 1)
+	if utf8.ValidString(s) {
+		return -1
+	}
+	for i, r := range s {
+		if r == utf8.RuneError {
+			if _, size := utf8.DecodeRuneInString(s[i:]); size <= 1 {
+				return i
+			}
+		}
+	}
+	return -1
 }

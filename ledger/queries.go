@@ -23,8 +23,11 @@ type querier interface {
 // take it as $1 tenant, $2 operation, $3 key, and the clock as $4, a nullable
 // timestamptz: NULL means the database's now().
 type queries struct {
-	lookup    string
-	claimFunc string // local mode: oncekit_claim(tenant, operation, key, now, wait_ms)
+	lookup string
+	// The local mode claims with claimLocal, which fails with division_by_zero when the
+	// key is taken, and removes an expired record with deleteExpired.
+	claimLocal    string
+	deleteExpired string
 	// The local mode inserts its record, with the result, just before it commits.
 	insertCompleted string
 	insertFailed    string
@@ -48,14 +51,23 @@ func newQueries(schema string) queries {
 	owned := pk + " AND state = 'pending' AND owner_token = $5"
 	insertFinal := func(state, cols, vals string) string {
 		return `INSERT INTO ` + t + ` (tenant, operation, key, fingerprint, state, ` + cols + `, attempts, created_at, updated_at, expires_at)
-			VALUES ($1, $2, $3, $5, '` + state + `', ` + vals + `, 1, ` + now + `, ` + now + `, ` + now + ` + $6::interval)`
+			VALUES ($1, $2, $3, $5, '` + state + `', ` + vals + `, 1, ` + now + `, ` + now + `, ` + now + ` + $6::interval)
+			RETURNING created_at`
 	}
 	return queries{
 		lookup: `SELECT ` + recordColumns + `,
 			expires_at <= ` + now + `,
 			coalesce(lease_until <= ` + now + `, true)
 			FROM ` + t + ` WHERE ` + pk,
-		claimFunc: pgx.Identifier{schema, "oncekit_claim"}.Sanitize(),
+		// $1 advisory lock, $2-$4 the key, $5 now. The lock is tried, not waited for, and
+		// the record looked for only when the lock is held; either refusal divides by
+		// zero, so that PostgreSQL skips the statements pipelined behind the claim.
+		claimLocal: `SELECT 1 / CASE
+				WHEN NOT pg_try_advisory_xact_lock($1) THEN 0
+				WHEN EXISTS (SELECT 1 FROM ` + t + ` WHERE tenant = $2 AND operation = $3 AND key = $4
+					AND expires_at > coalesce($5::timestamptz, now())) THEN 0
+				ELSE 1 END`,
+		deleteExpired: `DELETE FROM ` + t + ` WHERE ` + pk + ` AND expires_at <= ` + now,
 		// $5 fingerprint, $6 retention, then the result.
 		insertCompleted: insertFinal("completed", "status_code, body, resource_ref", "$7, $8, $9"),
 		insertFailed:    insertFinal("failed", "error_code, error_message", "$7, $8"),

@@ -51,10 +51,30 @@ func Interval(d time.Duration) string {
 	return strconv.FormatInt(d.Microseconds(), 10) + " microseconds"
 }
 
+// SQLSTATE codes oncekit acts on, named as in PostgreSQL's errcodes.txt.
+const (
+	DivisionByZero           = "22012"
+	CharacterNotInRepertoire = "22021"
+	UntranslatableCharacter  = "22P05"
+	UniqueViolation          = "23505"
+	InFailedSQLTransaction   = "25P02"
+	SerializationFailure     = "40001"
+	LockNotAvailable         = "55P03"
+)
+
+// Code returns err's SQLSTATE, or "" when err is not from PostgreSQL.
+func Code(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
 // IsUniqueViolation reports whether err is a unique violation of the named constraint.
 func IsUniqueViolation(err error, constraint string) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == constraint
+	return errors.As(err, &pgErr) && pgErr.Code == UniqueViolation && pgErr.ConstraintName == constraint
 }
 
 // Execer runs a statement: a pool, a connection or a transaction.

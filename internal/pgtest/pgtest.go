@@ -118,3 +118,41 @@ func Pool(tb testing.TB, schema string, configure func(*pgxpool.Config)) *pgxpoo
 	tb.Cleanup(pool.Close)
 	return pool
 }
+
+// ExecModes is every way pgx can send a statement. Failure paths behave differently in
+// each: some prepare or describe a batch's statements before running any of them, which
+// PostgreSQL refuses inside an aborted transaction.
+var ExecModes = []pgx.QueryExecMode{
+	pgx.QueryExecModeCacheStatement,
+	pgx.QueryExecModeCacheDescribe,
+	pgx.QueryExecModeDescribeExec,
+	pgx.QueryExecModeExec,
+	pgx.QueryExecModeSimpleProtocol,
+}
+
+// EachExecMode runs test in a parallel subtest per [ExecModes] entry, each with a pool of
+// its own on schema: fresh connections in that mode, with nothing prepared or cached.
+func EachExecMode(t *testing.T, schema string, test func(t *testing.T, pool *pgxpool.Pool)) {
+	t.Helper()
+	for _, mode := range ExecModes {
+		t.Run(execModeName(mode), func(t *testing.T) {
+			t.Parallel()
+			test(t, Pool(t, schema, func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode }))
+		})
+	}
+}
+
+func execModeName(m pgx.QueryExecMode) string {
+	switch m {
+	case pgx.QueryExecModeCacheStatement:
+		return "CacheStatement"
+	case pgx.QueryExecModeCacheDescribe:
+		return "CacheDescribe"
+	case pgx.QueryExecModeDescribeExec:
+		return "DescribeExec"
+	case pgx.QueryExecModeExec:
+		return "Exec"
+	default:
+		return "SimpleProtocol"
+	}
+}

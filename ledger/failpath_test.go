@@ -1,0 +1,360 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekit/oncekit/internal/pgtest"
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/ledger"
+)
+
+// setupModes is setup, then test once per pgx QueryExecMode with a ledger on a pool of
+// fresh connections in that mode: nothing prepared, nothing cached.
+func setupModes(t *testing.T, test func(t *testing.T, l *ledger.Ledger, pool *pgxpool.Pool, b *testBundle)) {
+	t.Helper()
+	_, b := setup(t, nil)
+	createSKUs(t, b.pool, "taken")
+	pgtest.EachExecMode(t, b.schema, func(t *testing.T, pool *pgxpool.Pool) {
+		l, err := ledger.New(pool, &ledger.Config{Schema: b.schema, NowFunc: b.clock.Now})
+		require.NoError(t, err)
+		test(t, l, pool, b)
+	})
+}
+
+// insertSKU is the most common shape of a definitive failure: try an INSERT, and on a
+// unique violation say "duplicate". The failed statement leaves the transaction aborted.
+func insertSKU(sku string) ledger.Func {
+	return func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+		_, err := tx.Exec(ctx, "INSERT INTO skus (sku) VALUES ($1)", sku)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+			return ledger.Response{}, ledger.Definitive("duplicate", "sku "+sku+" exists")
+		}
+		if err != nil {
+			return ledger.Response{}, err
+		}
+		return ledger.Response{Code: 201, Body: []byte(sku)}, nil
+	}
+}
+
+func createSKUs(t *testing.T, pool *pgxpool.Pool, existing ...string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, "CREATE TABLE skus (sku text PRIMARY KEY)")
+	require.NoError(t, err)
+	for _, s := range existing {
+		_, err := pool.Exec(ctx, "INSERT INTO skus (sku) VALUES ($1) ON CONFLICT DO NOTHING", s)
+		require.NoError(t, err)
+	}
+}
+
+// A definitive failure returned after fn's own SQL failed is stored and replayed, in
+// every exec mode, from Do and from DoTx.
+func TestDo_DefinitiveAfterSQLErrorIsStored(t *testing.T) {
+	t.Parallel()
+	setupModes(t, func(t *testing.T, l *ledger.Ledger, pool *pgxpool.Pool, b *testBundle) {
+		ctx := context.Background()
+		for _, first := range []bool{false, true} {
+			in := intent(t, "acme", "sku-"+map[bool]string{false: "lookup", true: "first"}[first]+"-"+t.Name(), "taken")
+			opts := &ledger.DoOpts{FirstAttempt: first}
+			_, err := l.Do(ctx, in, insertSKU("taken"), opts)
+			var derr *ledger.DefinitiveError
+			require.ErrorAs(t, err, &derr)
+			require.Equal(t, "duplicate", derr.Code)
+			require.False(t, derr.Replayed)
+
+			ran := false
+			_, err = l.Do(ctx, in, func(context.Context, pgx.Tx) (ledger.Response, error) {
+				ran = true
+				return ledger.Response{}, nil
+			}, nil)
+			require.ErrorAs(t, err, &derr)
+			require.True(t, derr.Replayed, "the failure was stored")
+			require.Equal(t, "duplicate", derr.Code)
+			require.False(t, ran)
+		}
+
+		// DoTx: the failure is stored in the caller's transaction, which stays usable.
+		in := intent(t, "acme", "sku-tx-"+t.Name(), "taken")
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		_, err = tx.Exec(ctx, "INSERT INTO skus (sku) VALUES ('callers-own-"+t.Name()+"')")
+		require.NoError(t, err)
+		_, err = l.DoTx(ctx, tx, in, insertSKU("taken"), nil)
+		var derr *ledger.DefinitiveError
+		require.ErrorAs(t, err, &derr)
+		require.Equal(t, "duplicate", derr.Code)
+		_, err = tx.Exec(ctx, "SELECT 1")
+		require.NoError(t, err, "the caller's transaction is usable")
+		require.NoError(t, tx.Commit(ctx))
+		_, err = l.Do(ctx, in, insertSKU("taken"), nil)
+		require.ErrorAs(t, err, &derr)
+		require.True(t, derr.Replayed)
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM skus WHERE sku = 'callers-own-"+t.Name()+"'").Scan(&n))
+		require.Equal(t, 1, n, "the caller's own write committed")
+	})
+}
+
+// Every error path of DoTx leaves the caller's transaction usable, in every exec mode,
+// on connections that never ran the ledger's statements before.
+func TestDoTx_ErrorPathsLeaveCallerTxUsable(t *testing.T) {
+	t.Parallel()
+	setupModes(t, func(t *testing.T, l *ledger.Ledger, pool *pgxpool.Pool, b *testBundle) {
+		ctx := context.Background()
+		done := intent(t, "acme", "done-"+t.Name(), "x")
+		_, err := l.Do(ctx, done, insertSKU("done-"+t.Name()), nil)
+		require.NoError(t, err)
+
+		held := intent(t, "acme", "held-"+t.Name(), "x")
+		holder, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer holder.Rollback(ctx)
+		_, err = l.DoTx(ctx, holder, held, insertSKU("held-"+t.Name()), nil)
+		require.NoError(t, err)
+
+		boom := errors.New("boom")
+		paths := []struct {
+			name  string
+			in    ledger.Intent
+			fn    ledger.Func
+			opts  *ledger.DoOpts
+			check func(t *testing.T, res ledger.Result, err error)
+		}{
+			{"FuncSQLError", intent(t, "acme", "sqlerr-"+t.Name(), "x"),
+				func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+					_, _ = tx.Exec(ctx, "SELECT 1/0")
+					return ledger.Response{}, boom
+				}, nil,
+				func(t *testing.T, _ ledger.Result, err error) { require.ErrorIs(t, err, boom) }},
+			{"FailFastInProgress", held, insertSKU("other"), &ledger.DoOpts{FirstAttempt: true},
+				func(t *testing.T, _ ledger.Result, err error) { require.ErrorIs(t, err, ledger.ErrInProgress) }},
+			{"CompletedWithFirstAttempt", done, insertSKU("again"), &ledger.DoOpts{FirstAttempt: true},
+				func(t *testing.T, res ledger.Result, err error) {
+					require.NoError(t, err)
+					require.True(t, res.Replayed)
+				}},
+			{"DefinitiveAfterSQLError", intent(t, "acme", "def-"+t.Name(), "x"), insertSKU("taken"), nil,
+				func(t *testing.T, _ ledger.Result, err error) {
+					var derr *ledger.DefinitiveError
+					require.ErrorAs(t, err, &derr)
+				}},
+		}
+		for _, p := range paths {
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			mine := "mine-" + p.name + "-" + t.Name()
+			_, err = tx.Exec(ctx, "INSERT INTO skus (sku) VALUES ($1)", mine)
+			require.NoError(t, err)
+			res, err := l.DoTx(ctx, tx, p.in, p.fn, p.opts)
+			p.check(t, res, err)
+			_, err = tx.Exec(ctx, "SELECT 1")
+			require.NoError(t, err, "%s: the caller's transaction is usable", p.name)
+			require.NoError(t, tx.Commit(ctx), p.name)
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM skus WHERE sku = $1", mine).Scan(&n))
+			require.Equal(t, 1, n, "%s: the caller's earlier write committed", p.name)
+		}
+	})
+}
+
+// Under REPEATABLE READ and SERIALIZABLE, an intent completed after the caller's snapshot
+// cannot be replayed inside it: DoTx says so with a typed, retryable error instead of a
+// raw unique violation, the caller's transaction stays usable, and the retry replays.
+func TestDoTx_SnapshotIsolation(t *testing.T) {
+	t.Parallel()
+	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		t.Run(strings.ReplaceAll(string(iso), " ", ""), func(t *testing.T) {
+			t.Parallel()
+			l, b := setup(t, nil)
+			ctx := context.Background()
+			req := order{Item: "pen", Amount: 1}
+			in := intent(t, "acme", "order-pen", req)
+
+			tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			_, err = tx.Exec(ctx, "SELECT count(*) FROM orders") // takes the snapshot
+			require.NoError(t, err)
+
+			first, err := l.Do(ctx, in, createOrder("acme", req), nil)
+			require.NoError(t, err)
+
+			_, err = l.DoTx(ctx, tx, in, createOrder("acme", req), nil)
+			require.ErrorIs(t, err, ledger.ErrSnapshotConflict)
+			var sqlState interface{ SQLState() string }
+			require.ErrorAs(t, err, &sqlState)
+			require.Equal(t, "40001", sqlState.SQLState(), "generic serialization-retry loops recognise it")
+			_, err = tx.Exec(ctx, "SELECT 1")
+			require.NoError(t, err, "the caller's transaction is usable")
+			require.NoError(t, tx.Rollback(ctx))
+
+			tx, err = b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+			require.NoError(t, err)
+			res, err := l.DoTx(ctx, tx, in, createOrder("acme", req), nil)
+			require.NoError(t, err)
+			require.True(t, res.Replayed)
+			require.Equal(t, first.Body, res.Body)
+			require.NoError(t, tx.Commit(ctx))
+			require.Equal(t, 1, countOrders(t, b.pool, "acme"))
+		})
+	}
+}
+
+// Values the ledger cannot store are refused with typed errors before or instead of a
+// raw PostgreSQL error, and nothing is half-written.
+func TestDo_Bounds(t *testing.T) {
+	t.Parallel()
+	t.Run("LongWait", func(t *testing.T) {
+		t.Parallel()
+		l, b := setup(t, nil)
+		ctx := context.Background()
+		req := order{Item: "clock", Amount: 1}
+		in := intent(t, "acme", "order-clock", req)
+		res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{Wait: 30 * 24 * time.Hour})
+		require.NoError(t, err)
+		require.False(t, res.Replayed)
+		// The same wait while another attempt holds the key, briefly.
+		in2 := intent(t, "acme", "order-clock-2", req)
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = l.DoTx(ctx, tx, in2, createOrder("acme", req), nil)
+		require.NoError(t, err)
+		go func() {
+			time.Sleep(200 * time.Millisecond)
+			_ = tx.Commit(ctx)
+		}()
+		res, err = l.Do(ctx, in2, createOrder("acme", req), &ledger.DoOpts{Wait: 1 << 62, FirstAttempt: true})
+		require.NoError(t, err)
+		require.True(t, res.Replayed)
+		require.Equal(t, 2, countOrders(t, b.pool, "acme"))
+	})
+	t.Run("MaxKeyLen", func(t *testing.T) {
+		t.Parallel()
+		pool, schema := pgtest.NewSchema(t)
+		_, err := ledger.New(pool, &ledger.Config{Schema: schema, MaxKeyLen: 100_000})
+		require.Error(t, err, "a key limit the index cannot hold is refused")
+		require.Contains(t, err.Error(), "MaxKeyLen")
+		l, err := ledger.New(pool, &ledger.Config{Schema: schema, MaxKeyLen: ledger.MaxKeyLenLimit})
+		require.NoError(t, err)
+		_, err = ledger.Migrate(context.Background(), pool, schema)
+		require.NoError(t, err)
+		fp, _ := keys.FingerprintJSON("x")
+		long := strings.Repeat("k", ledger.MaxKeyLenLimit)
+		scope := keys.Scope{Tenant: strings.Repeat("t", keys.MaxScopeLen), Operation: strings.Repeat("o", keys.MaxScopeLen)}
+		res, err := l.Do(context.Background(), ledger.Intent{Scope: scope, Key: keys.Key(long), Fingerprint: fp},
+			func(context.Context, pgx.Tx) (ledger.Response, error) { return ledger.Response{Code: 1}, nil }, nil)
+		require.NoError(t, err, "the longest key and scope the ledger accepts fit its index")
+		require.False(t, res.Replayed)
+
+		_, err = l.Do(context.Background(), ledger.Intent{Scope: scope, Key: keys.Key(long + "k"), Fingerprint: fp},
+			func(context.Context, pgx.Tx) (ledger.Response, error) { return ledger.Response{}, nil }, nil)
+		require.ErrorIs(t, err, keys.ErrTooLong)
+		require.Less(t, len(err.Error()), 300, "an error never echoes a whole key")
+	})
+	t.Run("InvalidText", func(t *testing.T) {
+		t.Parallel()
+		l, b := setup(t, nil)
+		ctx := context.Background()
+		req := order{Item: "nul", Amount: 1}
+		for _, bad := range []string{"order/\x00", "order/\xff\xfe"} {
+			in := intent(t, "acme", "ref-"+keys.Key(strings.ToValidUTF8(strings.ReplaceAll(bad, "\x00", "0"), "x")).String(), req)
+			_, err := l.Do(ctx, in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+				resp, err := createOrder("acme", req)(ctx, tx)
+				resp.ResourceRef = bad
+				return resp, err
+			}, nil)
+			require.ErrorIs(t, err, ledger.ErrInvalidResponse)
+			var pgErr *pgconn.PgError
+			require.False(t, errors.As(err, &pgErr), "not a raw PostgreSQL error: %v", err)
+		}
+		require.Equal(t, 0, countOrders(t, b.pool, "acme"), "the mutation was rolled back")
+		require.Equal(t, 0, countRecords(t, b.pool, b.schema))
+
+		// A definitive failure with text PostgreSQL cannot store is still stored: the
+		// failure is the outcome, so its text is made storable rather than lost.
+		in := intent(t, "acme", "def-nul", req)
+		_, err := l.Do(ctx, in, func(context.Context, pgx.Tx) (ledger.Response, error) {
+			return ledger.Response{}, ledger.Definitive("bad\x00code", "message \xff with \x00 NUL")
+		}, nil)
+		var derr *ledger.DefinitiveError
+		require.ErrorAs(t, err, &derr)
+		_, err = l.Do(ctx, in, createOrder("acme", req), nil)
+		require.ErrorAs(t, err, &derr)
+		require.True(t, derr.Replayed)
+		require.Equal(t, "bad\uFFFDcode", derr.Code)
+		require.Equal(t, "message \uFFFD with \uFFFD NUL", derr.Message)
+	})
+}
+
+// A completed intent always replays: callers that claim at once (FirstAttempt) and race
+// each other on a completed key never hear "in progress".
+func TestDo_CompletedKeyNeverInProgress(t *testing.T) {
+	t.Parallel()
+	l, b := setup(t, nil)
+	ctx := context.Background()
+	req := order{Item: "desk", Amount: 1}
+	in := intent(t, "acme", "order-desk", req)
+	first, err := l.Do(ctx, in, createOrder("acme", req), nil)
+	require.NoError(t, err)
+	const n = 64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Go(func() {
+			for range 5 {
+				res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{FirstAttempt: true})
+				if err == nil && (!res.Replayed || string(res.Body) != string(first.Body)) {
+					err = errors.New("not a replay of the first result")
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, countOrders(t, b.pool, "acme"))
+}
+
+// The first call reports the time the record holds, as every replay does.
+func TestDo_CreatedAtIsTheRecordedTime(t *testing.T) {
+	t.Parallel()
+	l, b := setup(t, nil)
+	ctx := context.Background()
+	b.clock.Advance(-time.Hour) // the application clock and the record disagree with time.Now
+	req := order{Item: "hat", Amount: 1}
+	for _, first := range []bool{false, true} {
+		in := intent(t, "acme", "order-hat-"+map[bool]string{false: "a", true: "b"}[first], req)
+		res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{FirstAttempt: first})
+		require.NoError(t, err)
+		replay, err := l.Do(ctx, in, createOrder("acme", req), nil)
+		require.NoError(t, err)
+		require.True(t, replay.CreatedAt.Equal(res.CreatedAt), "first %s, replay %s", res.CreatedAt, replay.CreatedAt)
+
+		fin := intent(t, "acme", "fail-hat-"+map[bool]string{false: "a", true: "b"}[first], req)
+		failed, err := l.Do(ctx, fin, func(context.Context, pgx.Tx) (ledger.Response, error) {
+			return ledger.Response{}, ledger.Definitive("no", "no")
+		}, &ledger.DoOpts{FirstAttempt: first})
+		require.Error(t, err)
+		rec, err := l.Get(ctx, fin.Scope, fin.Key)
+		require.NoError(t, err)
+		require.True(t, rec.CreatedAt.Equal(failed.CreatedAt), "failure: first %s, record %s", failed.CreatedAt, rec.CreatedAt)
+	}
+}
