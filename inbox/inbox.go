@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
@@ -37,8 +38,8 @@ type Config struct {
 	// Schema holds the inbox table, as given to ledger.Migrate. Defaults to
 	// ledger.SchemaDefault.
 	Schema string
-	// Retention is how long a handled message is remembered. Defaults to
-	// [RetentionDefault].
+	// Retention is how long a handled message is remembered; a negative one is refused.
+	// Defaults to [RetentionDefault].
 	Retention time.Duration
 }
 
@@ -46,7 +47,7 @@ type Config struct {
 type Inbox struct {
 	pool *pgxpool.Pool
 	cfg  Config
-	t    string
+	q    queries
 }
 
 // New returns an inbox on pool.
@@ -64,7 +65,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
 	if c.Retention == 0 {
 		c.Retention = RetentionDefault
 	}
-	return &Inbox{pool: pool, cfg: c, t: pgx.Identifier{c.Schema, "inbox_messages"}.Sanitize()}, nil
+	if c.Retention < 0 {
+		return nil, fmt.Errorf("oncekit/inbox: Config.Retention %s is negative: it would make every record born expired and every duplicate handled again; use 0 for the default (%s)", c.Retention, RetentionDefault)
+	}
+	return &Inbox{pool: pool, cfg: c, q: newQueries(c.Schema)}, nil
 }
 
 // Result is the outcome of [Inbox.Handle].
@@ -92,83 +96,100 @@ func (ib *Inbox) Handle(ctx context.Context, subscriber, messageID string, fn Ha
 		return Result{}, err
 	}
 	defer conn.Release()
-	// BEGIN and the record travel in one round trip; a duplicate fails the INSERT.
-	tx, err := pgsql.BeginScript(ctx, conn.Conn(), ib.claimScript(subscriber, messageID))
+	c := conn.Conn()
+	// BEGIN, the record and the savepoint that fences fn travel in one round trip, as
+	// prepared statements.
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(ib.q.insert, subscriber, messageID, pgsql.Interval(ib.cfg.Retention))
+	b.Queue("SAVEPOINT oncekit_inbox_fn")
+	br := c.SendBatch(ctx, b)
+	tx := br.Tx()
+	recorded, err := recordResult(br)
 	if err != nil {
-		if pgsql.IsUniqueViolation(err, "inbox_messages_pkey") {
-			return ib.previousIn(ctx, conn.Conn(), subscriber, messageID) // on the held connection: no second one from the pool
+		if c.PgConn().TxStatus() != 'I' {
+			if _, rbErr := c.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
+				err = errors.Join(err, rbErr)
+			}
 		}
-		return Result{}, err
+		return Result{}, fmt.Errorf("oncekit/inbox: record %q: %w", messageID, err)
+	}
+	if !recorded {
+		// On the held connection: no second one from the pool.
+		return ib.duplicate(ctx, c, "ROLLBACK", subscriber, messageID)
 	}
 	return ib.run(ctx, tx, subscriber, messageID, fn,
 		func(ctx context.Context) error { return tx.Commit(ctx) },
-		func(ctx context.Context) { _ = tx.Rollback(ctx) })
+		func(ctx context.Context) error { return tx.Rollback(ctx) })
+}
+
+// recordResult reads the results of a batch of three whose second statement is the
+// record's INSERT, and reports whether it recorded the message.
+func recordResult(br pgx.BatchResults) (bool, error) {
+	var tag pgconn.CommandTag
+	var err error
+	for i := range 3 {
+		var t pgconn.CommandTag
+		if t, err = br.Exec(); err != nil {
+			break
+		}
+		if i == 1 {
+			tag = t
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag.RowsAffected() == 1, err
 }
 
 // HandleTx is [Inbox.Handle] inside the caller's transaction: the record and fn's writes
-// commit with it. A duplicate leaves tx as it was.
+// commit with it. A duplicate, or any failure, leaves tx as it was before the call, and
+// usable.
 func (ib *Inbox) HandleTx(ctx context.Context, tx pgx.Tx, subscriber, messageID string, fn HandlerFunc) (Result, error) {
 	if err := validate(subscriber, messageID, fn); err != nil {
 		return Result{}, err
 	}
+	undo := func(ctx context.Context) error {
+		// One simple-protocol query, which an aborted transaction accepts.
+		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_inbox; RELEASE SAVEPOINT oncekit_inbox")
+		return err
+	}
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT oncekit_inbox")
-	b.Queue(`DELETE FROM `+ib.t+` WHERE subscriber = $1 AND message_id = $2 AND expires_at <= now()`, subscriber, messageID)
-	b.Queue(`INSERT INTO `+ib.t+` (subscriber, message_id, received_at, expires_at) VALUES ($1, $2, now(), now() + $3::interval)
-		ON CONFLICT DO NOTHING`, subscriber, messageID, pgsql.Interval(ib.cfg.Retention))
+	b.Queue(ib.q.insert, subscriber, messageID, pgsql.Interval(ib.cfg.Retention))
 	b.Queue("SAVEPOINT oncekit_inbox_fn")
-	res := tx.SendBatch(ctx, b)
-	var inserted bool
-	var err error
-	for i := range b.Len() {
-		tag, e := res.Exec()
-		if e != nil {
-			err = e
-			break
-		}
-		if i == 2 {
-			inserted = tag.RowsAffected() == 1
-		}
-	}
-	if cerr := res.Close(); err == nil {
-		err = cerr
-	}
+	recorded, err := recordResult(tx.SendBatch(ctx, b))
 	if err != nil {
-		_, _ = tx.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT oncekit_inbox")
-		return Result{}, err
-	}
-	if !inserted {
-		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_inbox"); err != nil {
-			return Result{}, err
+		if rbErr := undo(context.WithoutCancel(ctx)); rbErr != nil {
+			err = errors.Join(err, rbErr)
 		}
-		return ib.previousIn(ctx, tx, subscriber, messageID)
+		return Result{}, fmt.Errorf("oncekit/inbox: record %q: %w", messageID, err)
+	}
+	if !recorded {
+		return ib.duplicate(ctx, tx, "ROLLBACK TO SAVEPOINT oncekit_inbox", subscriber, messageID)
 	}
 	return ib.run(ctx, tx, subscriber, messageID, fn,
 		func(ctx context.Context) error {
 			_, err := tx.Exec(ctx, "RELEASE SAVEPOINT oncekit_inbox")
 			return err
-		},
-		func(ctx context.Context) {
-			_ = tx.SendBatch(ctx, batchOf("ROLLBACK TO SAVEPOINT oncekit_inbox", "RELEASE SAVEPOINT oncekit_inbox")).Close()
-		})
-}
-
-func batchOf(stmts ...string) *pgx.Batch {
-	b := &pgx.Batch{}
-	for _, s := range stmts {
-		b.Queue(s)
-	}
-	return b
+		}, undo)
 }
 
 // run calls fn and finishes: commit on success, record a rejection on a definitive
 // failure, roll back on any other error.
 func (ib *Inbox) run(ctx context.Context, tx pgx.Tx, subscriber, messageID string, fn HandlerFunc,
-	finish func(context.Context) error, rollback func(context.Context)) (res Result, err error) {
-	undo := func() { rollback(context.WithoutCancel(ctx)) }
+	finish, rollback func(context.Context) error) (res Result, err error) {
+	cleanup := context.WithoutCancel(ctx)
+	fail := func(err error) (Result, error) {
+		if rbErr := rollback(cleanup); rbErr != nil {
+			return Result{}, errors.Join(err, rbErr)
+		}
+		return Result{}, err
+	}
 	defer func() {
 		if p := recover(); p != nil {
-			undo()
+			_ = rollback(cleanup)
 			panic(p)
 		}
 	}()
@@ -177,21 +198,20 @@ func (ib *Inbox) run(ctx context.Context, tx pgx.Tx, subscriber, messageID strin
 	switch {
 	case fnErr == nil:
 	case errors.As(fnErr, &derr):
-		b := &pgx.Batch{}
-		b.Queue("ROLLBACK TO SAVEPOINT oncekit_inbox_fn")
-		b.Queue(`UPDATE `+ib.t+` SET state = 'rejected', error = $3 WHERE subscriber = $1 AND message_id = $2`, subscriber, messageID, derr.Error())
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			undo()
-			return Result{}, err
+		// The rollback to the savepoint goes alone, with the simple protocol: fn may have
+		// left the transaction aborted, where PostgreSQL refuses to prepare the UPDATE.
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_inbox_fn"); err != nil {
+			return fail(err)
+		}
+		if _, err := tx.Exec(ctx, ib.q.reject, subscriber, messageID, derr.Error()); err != nil {
+			return fail(err)
 		}
 		res.Rejected = true
 	default:
-		undo()
-		return Result{}, fnErr
+		return fail(fnErr)
 	}
 	if err := finish(ctx); err != nil {
-		undo()
-		return Result{}, err
+		return fail(err)
 	}
 	if res.Rejected {
 		return res, fnErr
@@ -199,25 +219,68 @@ func (ib *Inbox) run(ctx context.Context, tx pgx.Tx, subscriber, messageID strin
 	return res, nil
 }
 
-// claimScript begins the transaction and records the message: an expired record makes
-// way first, and a live one fails the INSERT with a unique violation. Interpolated
-// values are validated printable ASCII.
-func (ib *Inbox) claimScript(subscriber, messageID string) string {
-	pk := "subscriber = " + pgsql.QuoteLiteral(subscriber) + " AND message_id = " + pgsql.QuoteLiteral(messageID)
-	return "BEGIN; DELETE FROM " + ib.t + " WHERE " + pk + " AND expires_at <= now(); " +
-		"INSERT INTO " + ib.t + " (subscriber, message_id, received_at, expires_at) VALUES (" + pgsql.QuoteLiteral(subscriber) + ", " +
-		pgsql.QuoteLiteral(messageID) + ", now(), now() + interval '" + pgsql.Interval(ib.cfg.Retention) + "'); SAVEPOINT oncekit_inbox_fn"
-}
-
-func (ib *Inbox) previousIn(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, subscriber, messageID string) (Result, error) {
+// duplicate undoes the call's transaction (or savepoint) with rollback, and reads
+// whether the message was rejected, in one round trip. The INSERT met a live record, so
+// the message was handled within its retention: a duplicate, even if a purge removed
+// the record since (it is then reported as not rejected).
+func (ib *Inbox) duplicate(ctx context.Context, q batchSender, rollback, subscriber, messageID string) (Result, error) {
+	b := &pgx.Batch{}
+	b.Queue(rollback)
+	if rollback != "ROLLBACK" {
+		b.Queue("RELEASE SAVEPOINT oncekit_inbox")
+	}
+	b.Queue(ib.q.lookup, subscriber, messageID)
+	br := q.SendBatch(ctx, b)
+	var err error
+	for range b.Len() - 1 {
+		if _, err = br.Exec(); err != nil {
+			break
+		}
+	}
 	var state string
-	err := q.QueryRow(ctx, `SELECT state FROM `+ib.t+` WHERE subscriber = $1 AND message_id = $2`, subscriber, messageID).Scan(&state)
+	if err == nil {
+		if err = br.QueryRow().Scan(&state); errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return Result{}, fmt.Errorf("oncekit/inbox: read the record of %q: %w", messageID, err)
 	}
 	return Result{Duplicate: true, Rejected: state == "rejected"}, nil
+}
+
+// batchSender is a connection or a transaction.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// queries holds the inbox's SQL with the schema filled in; each takes $1 subscriber
+// and $2 message ID.
+type queries struct {
+	insert, lookup, reject, purge string
+}
+
+func newQueries(schema string) queries {
+	t := pgx.Identifier{schema, "inbox_messages"}.Sanitize()
+	pk := "subscriber = $1 AND message_id = $2"
+	return queries{
+		// $3 retention. An expired record is taken over: the message is new again. A
+		// live one leaves the INSERT without a row; a concurrent delivery's uncommitted
+		// record makes it wait for that transaction.
+		insert: `INSERT INTO ` + t + ` AS r (subscriber, message_id, received_at, expires_at) VALUES ($1, $2, now(), now() + $3::interval)
+			ON CONFLICT (subscriber, message_id) DO UPDATE SET state = 'processed', error = NULL,
+				received_at = excluded.received_at, expires_at = excluded.expires_at
+			WHERE r.expires_at <= now()`,
+		lookup: `SELECT state FROM ` + t + ` WHERE ` + pk,
+		// $3 the rejection.
+		reject:        `UPDATE ` + t + ` SET state = 'rejected', error = $3 WHERE ` + pk,
+		// $1 batch size.
+		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY (
+			SELECT ctid FROM ` + t + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))`,
+	}
 }
 
 // PurgeOpts are options of [Inbox.Purge]. A nil *PurgeOpts means all defaults.
@@ -232,8 +295,7 @@ func (ib *Inbox) Purge(ctx context.Context, opts *PurgeOpts) (int64, error) {
 	if opts != nil && opts.BatchSize > 0 {
 		n = opts.BatchSize
 	}
-	deleted, _, err := pgsql.DeleteBatches(ctx, ib.pool, `DELETE FROM `+ib.t+` WHERE ctid = ANY (ARRAY (
-		SELECT ctid FROM `+ib.t+` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))`, n, 0, n)
+	deleted, _, err := pgsql.DeleteBatches(ctx, ib.pool, ib.q.purge, n, 0, n)
 	return deleted, err
 }
 
