@@ -17,6 +17,8 @@ var (
 	ErrInvalidFingerprint = errors.New("invalid fingerprint")
 	// ErrInvalidJSON reports input to [CanonicalJSON] that is not one valid JSON value.
 	ErrInvalidJSON = errors.New("invalid JSON")
+	// ErrJSONTooDeep reports JSON nested deeper than [MaxJSONDepth].
+	ErrJSONTooDeep = errors.New("JSON nested too deeply")
 )
 
 // ValidationError reports which field of a key, scope or derivation is invalid and why.

@@ -78,13 +78,21 @@ func digest(domain string, b []byte) Fingerprint {
 	return Fingerprint(fingerprintPrefix + hex.EncodeToString(h.Sum(nil)))
 }
 
+// MaxJSONDepth is how deeply [CanonicalJSON] lets arrays and objects nest, as
+// encoding/json users expect of a parser facing untrusted input. A deeper value is
+// refused with a [*JSONError] wrapping [ErrJSONTooDeep], at a cost linear in the input
+// read so far.
+const MaxJSONDepth = 128
+
 // JSONError reports input that [CanonicalJSON] cannot canonicalise. It wraps
-// [ErrInvalidJSON].
+// [ErrInvalidJSON], and [ErrJSONTooDeep] when the value nests too deeply.
 type JSONError struct {
 	// Offset is the byte offset near the problem, or -1.
 	Offset int64
 	// Reason says what is wrong.
 	Reason string
+	// TooDeep is set when the value nests deeper than [MaxJSONDepth].
+	TooDeep bool
 }
 
 func (e *JSONError) Error() string {
@@ -94,13 +102,19 @@ func (e *JSONError) Error() string {
 	return "oncekit/keys: invalid JSON: " + e.Reason
 }
 
-func (e *JSONError) Unwrap() error { return ErrInvalidJSON }
+// Unwrap returns [ErrInvalidJSON], and [ErrJSONTooDeep] for a value nested too deeply.
+func (e *JSONError) Unwrap() []error {
+	if e.TooDeep {
+		return []error{ErrInvalidJSON, ErrJSONTooDeep}
+	}
+	return []error{ErrInvalidJSON}
+}
 
 // CanonicalJSON returns the canonical form of the single JSON value in b: object members
 // sorted by key (byte order of their UTF-8), no insignificant white space, strings in
 // encoding/json's escaping, and numbers written by value (1, 1.0, 10e-1 and 1E0 are all
 // "1"; precision is never lost). It rejects invalid UTF-8, duplicate object keys and
-// trailing data with a [*JSONError].
+// trailing data with a [*JSONError], and so values nested deeper than [MaxJSONDepth].
 func CanonicalJSON(b []byte) ([]byte, error) {
 	if !utf8.Valid(b) {
 		return nil, &JSONError{Offset: -1, Reason: "not valid UTF-8"}
@@ -108,7 +122,7 @@ func CanonicalJSON(b []byte) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	var out bytes.Buffer
-	if err := canonValue(dec, &out); err != nil {
+	if err := canonValue(dec, &out, 0); err != nil {
 		return nil, err
 	}
 	if _, err := dec.Token(); err != io.EOF {
@@ -117,22 +131,25 @@ func CanonicalJSON(b []byte) ([]byte, error) {
 	return out.Bytes(), nil
 }
 
-func canonValue(dec *json.Decoder, out *bytes.Buffer) error {
+func canonValue(dec *json.Decoder, out *bytes.Buffer, depth int) error {
 	tok, err := dec.Token()
 	if err != nil {
 		return jsonErr(dec, err)
 	}
-	return canonToken(dec, tok, out)
+	return canonToken(dec, tok, out, depth)
 }
 
-func canonToken(dec *json.Decoder, tok json.Token, out *bytes.Buffer) error {
+func canonToken(dec *json.Decoder, tok json.Token, out *bytes.Buffer, depth int) error {
 	switch t := tok.(type) {
 	case json.Delim:
+		if depth >= MaxJSONDepth {
+			return &JSONError{Offset: dec.InputOffset(), Reason: fmt.Sprintf("nested deeper than %d levels", MaxJSONDepth), TooDeep: true}
+		}
 		switch t {
 		case '{':
-			return canonObject(dec, out)
+			return canonObject(dec, out, depth+1)
 		case '[':
-			return canonArray(dec, out)
+			return canonArray(dec, out, depth+1)
 		default:
 			return &JSONError{Offset: dec.InputOffset(), Reason: "unexpected " + t.String()}
 		}
@@ -156,7 +173,7 @@ func canonToken(dec *json.Decoder, tok json.Token, out *bytes.Buffer) error {
 	return nil
 }
 
-func canonObject(dec *json.Decoder, out *bytes.Buffer) error {
+func canonObject(dec *json.Decoder, out *bytes.Buffer, depth int) error {
 	type member struct {
 		key string
 		val []byte
@@ -169,7 +186,7 @@ func canonObject(dec *json.Decoder, out *bytes.Buffer) error {
 		}
 		key, _ := tok.(string)
 		var val bytes.Buffer
-		if err := canonValue(dec, &val); err != nil {
+		if err := canonValue(dec, &val, depth); err != nil {
 			return err
 		}
 		members = append(members, member{key, val.Bytes()})
@@ -194,13 +211,13 @@ func canonObject(dec *json.Decoder, out *bytes.Buffer) error {
 	return nil
 }
 
-func canonArray(dec *json.Decoder, out *bytes.Buffer) error {
+func canonArray(dec *json.Decoder, out *bytes.Buffer, depth int) error {
 	out.WriteByte('[')
 	for i := 0; dec.More(); i++ {
 		if i > 0 {
 			out.WriteByte(',')
 		}
-		if err := canonValue(dec, out); err != nil {
+		if err := canonValue(dec, out, depth); err != nil {
 			return err
 		}
 	}

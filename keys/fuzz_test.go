@@ -3,6 +3,8 @@ package keys_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/oncekit/oncekit/keys"
@@ -64,13 +66,24 @@ func FuzzDerive(f *testing.F) {
 }
 
 func FuzzCanonicalJSON(f *testing.F) {
-	for _, s := range []string{`{"b":1,"a":2}`, `[1.0, 2e3, -0.5]`, `"x"`, `{"a":{"b":[null,true]}}`, `1E400`, `{"a":1,"a":1}`} {
+	for _, s := range []string{`{"b":1,"a":2}`, `[1.0, 2e3, -0.5]`, `"x"`, `{"a":{"b":[null,true]}}`, `1E400`, `{"a":1,"a":1}`,
+		strings.Repeat("[", 200), strings.Repeat(`{"a":`, 129) + "1" + strings.Repeat("}", 129),
+		strings.Repeat("[", 128) + strings.Repeat("]", 128)} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		c, err := keys.CanonicalJSON(in)
+		if errors.Is(err, keys.ErrJSONTooDeep) {
+			if depth(in) <= keys.MaxJSONDepth {
+				t.Fatalf("refused as too deep at nesting %d: %q", depth(in), in)
+			}
+			return
+		}
 		if err != nil {
 			return
+		}
+		if d := depth(c); d > keys.MaxJSONDepth {
+			t.Fatalf("accepted nesting %d", d)
 		}
 		if !json.Valid(c) {
 			t.Fatalf("canonical form %q of %q is not JSON", c, in)
@@ -87,4 +100,25 @@ func FuzzCanonicalJSON(f *testing.F) {
 			}
 		}
 	})
+}
+
+// depth is the deepest nesting of brackets outside strings in a JSON text.
+func depth(b []byte) int {
+	d, deepest, inString, escaped := 0, 0, false, false
+	for _, c := range b {
+		switch {
+		case inString && escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		case !inString && (c == '[' || c == '{'):
+			d++
+			deepest = max(deepest, d)
+		case !inString && (c == ']' || c == '}'):
+			d--
+		}
+	}
+	return deepest
 }

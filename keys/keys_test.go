@@ -1,6 +1,7 @@
 package keys_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -232,4 +233,29 @@ func TestFingerprint(t *testing.T) {
 	require.Error(t, err)
 	require.ErrorIs(t, keys.Fingerprint("v1:xyz").Validate(), keys.ErrInvalidFingerprint)
 	require.ErrorIs(t, keys.Fingerprint("").Validate(), keys.ErrInvalidFingerprint)
+}
+
+// Hostile nesting is refused at a fixed depth, cheaply, instead of growing the stack
+// with the input.
+func TestCanonicalJSON_Depth(t *testing.T) {
+	t.Parallel()
+	ok := strings.Repeat("[", keys.MaxJSONDepth) + strings.Repeat("]", keys.MaxJSONDepth)
+	_, err := keys.CanonicalJSON([]byte(ok))
+	require.NoError(t, err)
+
+	for _, hostile := range [][]byte{
+		[]byte(strings.Repeat("[", keys.MaxJSONDepth+1) + strings.Repeat("]", keys.MaxJSONDepth+1)),
+		bytes.Repeat([]byte("["), 4<<20),
+		bytes.Repeat([]byte(`{"a":`), 1<<20),
+	} {
+		_, err := keys.CanonicalJSON(hostile)
+		require.ErrorIs(t, err, keys.ErrJSONTooDeep)
+		require.ErrorIs(t, err, keys.ErrInvalidJSON)
+		var je *keys.JSONError
+		require.ErrorAs(t, err, &je)
+		require.True(t, je.TooDeep)
+		require.Less(t, len(err.Error()), 200, "the error does not echo the input")
+	}
+	_, err = keys.FingerprintJSON(json.RawMessage(bytes.Repeat([]byte("["), 1<<20)))
+	require.ErrorIs(t, err, keys.ErrJSONTooDeep)
 }
