@@ -276,7 +276,7 @@ func newQueries(schema string) queries {
 			WHERE r.expires_at <= now()`,
 		lookup: `SELECT state FROM ` + t + ` WHERE ` + pk,
 		// $3 the rejection.
-		reject:        `UPDATE ` + t + ` SET state = 'rejected', error = $3 WHERE ` + pk,
+		reject: `UPDATE ` + t + ` SET state = 'rejected', error = $3 WHERE ` + pk,
 		// $1 batch size.
 		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY (
 			SELECT ctid FROM ` + t + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))`,
