@@ -10,6 +10,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -33,9 +34,11 @@ const (
 // MethodsDefault are the methods that require a key.
 func MethodsDefault() []string { return []string{http.MethodPost, http.MethodPatch} }
 
-// ReplayHeadersDefault are the response headers stored and replayed.
+// ReplayHeadersDefault are the response headers stored and replayed: the
+// representation headers a client needs to read the body as it was first sent, and
+// Location. Set-Cookie is never stored, whatever the configuration says.
 func ReplayHeadersDefault() []string {
-	return []string{"Content-Type", "Content-Language", "Location", "ETag", "Last-Modified", "Cache-Control"}
+	return []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified"}
 }
 
 // Config configures [New].
@@ -43,11 +46,17 @@ type Config struct {
 	// Ledger stores the keys and responses. Required.
 	Ledger *ledger.Ledger
 	// TenantFunc returns the tenant a request belongs to, such as the authenticated
-	// client's ID; an error answers 401. Required: use [FixedTenant] for a single tenant.
+	// client's ID; an error answers 401. Any non-empty tenant is accepted: one that is
+	// not a valid scope part (non-ASCII, over 128 bytes) is mapped by keys.ScopePart.
+	// Required: use [FixedTenant] for a single tenant.
 	TenantFunc func(*http.Request) (string, error)
 	// RouteFunc returns the route a request matched, which with the method names the
-	// operation. Defaults to the ServeMux pattern (r.Pattern) when the middleware wraps a
-	// route's handler, else the URL path.
+	// operation: "METHOD route", such as "POST /orders/{id}/refund" (a method at the
+	// start of the route is not repeated). Records are kept per operation, so
+	// ledger.Config.OperationRetention takes that name. The route is derived, never
+	// refused: a value that is not a valid scope part is mapped by keys.ScopePart.
+	// Defaults to the ServeMux pattern (r.Pattern) when the middleware wraps a route's
+	// handler, else the URL path.
 	RouteFunc func(*http.Request) string
 	// Header is the request header carrying the key. Defaults to [HeaderDefault].
 	Header string
@@ -59,8 +68,10 @@ type Config struct {
 	// Wait is how long a duplicate of an in-flight request waits for it before it gets
 	// 409. Defaults to 0: answer 409 at once.
 	Wait time.Duration
-	// StoreFunc decides which statuses are stored and replayed; a status it refuses
-	// rolls the handler's writes back and frees the key. Defaults to [StoreDefault].
+	// StoreFunc decides which final statuses are stored and replayed; a status it
+	// refuses rolls the handler's writes back and frees the key. A refused status below
+	// 400 would tell the client the request took effect, so the client gets a 500
+	// problem (ProblemNotStored) instead. Defaults to [StoreDefault].
 	StoreFunc func(status int) bool
 	// ReplayHeaders are the response headers stored and replayed. Defaults to
 	// [ReplayHeadersDefault].
@@ -69,11 +80,13 @@ type Config struct {
 	ReplayedHeader string
 }
 
-// StoreDefault stores 2xx and the definitive 4xx statuses: every 4xx except 408, 409,
-// 425 and 429, which ask the client to try again.
+// StoreDefault stores 2xx, 3xx (a redirect after a write, as in Post/Redirect/Get) and
+// the definitive 4xx statuses: every 4xx except 408, 409, 425 and 429, which ask the
+// client to try again. 5xx is not stored, unlike some payment APIs: the handler's
+// writes are rolled back and the key is free, so a retry runs the request again.
 func StoreDefault(status int) bool {
 	switch {
-	case status >= 200 && status < 300:
+	case status >= 200 && status < 400:
 		return true
 	case status >= 400 && status < 500:
 		return status != http.StatusRequestTimeout && status != http.StatusConflict &&
@@ -117,6 +130,9 @@ func New(cfg *Config) (func(http.Handler) http.Handler, error) {
 	if c.ReplayHeaders == nil {
 		c.ReplayHeaders = ReplayHeadersDefault()
 	}
+	c.ReplayHeaders = slices.DeleteFunc(slices.Clone(c.ReplayHeaders), func(h string) bool {
+		return http.CanonicalHeaderKey(h) == "Set-Cookie"
+	})
 	if c.ReplayedHeader == "" {
 		c.ReplayedHeader = ReplayedHeaderDefault
 	}
@@ -181,17 +197,17 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		writeProblem(w, http.StatusBadRequest, ProblemBodyMalformed, "Unreadable request body", err.Error(), 0)
 		return
 	}
-	route := c.RouteFunc(r)
-	fp, err := fingerprint(r.Method, route, r.Header.Get("Content-Type"), body)
+	fp, err := fingerprint(r, body)
+	if errors.Is(err, keys.ErrJSONTooDeep) {
+		writeProblem(w, http.StatusBadRequest, ProblemBodyTooDeep, "JSON body nested too deeply",
+			fmt.Sprintf("the body nests arrays and objects deeper than %d levels", keys.MaxJSONDepth), 0)
+		return
+	}
 	if err != nil {
 		writeProblem(w, http.StatusBadRequest, ProblemBodyMalformed, "Malformed JSON body", err.Error(), 0)
 		return
 	}
-	in := ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: r.Method + " " + route}, Key: key, Fingerprint: fp}
-	if err := in.Scope.Validate(); err != nil {
-		writeProblem(w, http.StatusBadRequest, ProblemKeyInvalid, "Invalid tenant or route", err.Error(), 0)
-		return
-	}
+	in := ledger.Intent{Scope: keys.Scope{Tenant: keys.ScopePart(tenant), Operation: Operation(r, c.RouteFunc(r))}, Key: key, Fingerprint: fp}
 	var first *recorder // the handler's own response, when it ran and was stored
 	res, err := c.Ledger.Do(r.Context(), in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
 		rec := newRecorder()
@@ -212,6 +228,10 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		first.writeTo(w) // committed: now the client may see it
 	case err == nil:
 		c.replay(w, res)
+	case errors.As(err, &ns) && ns.rec.status < 400:
+		// Rolled back: a success-looking answer would claim an effect that is not there.
+		writeProblem(w, http.StatusInternalServerError, ProblemNotStored, "Response not stored",
+			fmt.Sprintf("the handler answered %d, which is not stored, so its writes were rolled back; retry with the same key", ns.rec.status), 0)
 	case errors.As(err, &ns):
 		ns.rec.writeTo(w)
 	case errors.As(err, &mm):
@@ -230,10 +250,23 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 	}
 }
 
-// fingerprint covers the method, the route and the body, a JSON body in canonical form.
-func fingerprint(method, route, contentType string, body []byte) (keys.Fingerprint, error) {
+// Operation names the operation of a request: "METHOD route", the method said once
+// even when the route (a ServeMux pattern such as "POST /orders") begins with it, and
+// mapped by keys.ScopePart when it is not a valid scope part.
+func Operation(r *http.Request, route string) string {
+	if m, rest, ok := strings.Cut(route, " "); ok && m == r.Method {
+		route = strings.TrimLeft(rest, " ")
+	}
+	return keys.ScopePart(r.Method + " " + route)
+}
+
+// fingerprint covers everything that makes a request different: the method, the
+// concrete path, the query (parameters sorted by name, so their order does not matter)
+// and the body, a JSON body in canonical form. The same key on another target is a
+// conflict, never a replay.
+func fingerprint(r *http.Request, body []byte) (keys.Fingerprint, error) {
 	canon := body
-	if mt, _, _ := mime.ParseMediaType(contentType); mt == "application/json" || strings.HasSuffix(mt, "+json") {
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "application/json" || strings.HasSuffix(mt, "+json") {
 		if len(bytes.TrimSpace(body)) > 0 {
 			var err error
 			if canon, err = keys.CanonicalJSON(body); err != nil {
@@ -241,8 +274,12 @@ func fingerprint(method, route, contentType string, body []byte) (keys.Fingerpri
 			}
 		}
 	}
+	query := r.URL.RawQuery
+	if v, err := url.ParseQuery(query); err == nil {
+		query = v.Encode()
+	}
 	var b bytes.Buffer
-	for _, part := range [][]byte{[]byte(method), []byte(route), canon} {
+	for _, part := range [][]byte{[]byte(r.Method), []byte(r.URL.EscapedPath()), []byte(query), canon} {
 		_ = binary.Write(&b, binary.BigEndian, uint64(len(part)))
 		b.Write(part)
 	}
@@ -299,7 +336,12 @@ func newRecorder() *recorder { return &recorder{header: http.Header{}, status: h
 
 func (r *recorder) Header() http.Header { return r.header }
 
+// WriteHeader records the final status; 1xx informational responses (103 Early Hints)
+// are not final and are dropped, as nothing reaches the client before the commit.
 func (r *recorder) WriteHeader(status int) {
+	if status >= 100 && status < 200 {
+		return
+	}
 	if !r.wrote {
 		r.status, r.wrote = status, true
 	}

@@ -17,6 +17,11 @@ const (
 	// ProblemBodyMalformed: 400, a JSON body that does not parse, so it cannot be
 	// fingerprinted.
 	ProblemBodyMalformed = problemBase + "ProblemBodyMalformed"
+	// ProblemBodyTooDeep: 400, a JSON body nested deeper than keys.MaxJSONDepth.
+	ProblemBodyTooDeep = problemBase + "ProblemBodyTooDeep"
+	// ProblemNotStored: 500, the handler answered with a status below 400 that the
+	// Config's StoreFunc does not store; its writes were rolled back.
+	ProblemNotStored = problemBase + "ProblemNotStored"
 	// ProblemBodyTooLarge: 413, the request body is over [Config].MaxBodyBytes.
 	ProblemBodyTooLarge = problemBase + "ProblemBodyTooLarge"
 	// ProblemKeyReused: 422, the key was used before with a different request.

@@ -259,3 +259,24 @@ func TestCanonicalJSON_Depth(t *testing.T) {
 	_, err = keys.FingerprintJSON(json.RawMessage(bytes.Repeat([]byte("["), 1<<20)))
 	require.ErrorIs(t, err, keys.ErrJSONTooDeep)
 }
+
+// Server-derived scope parts are always accepted: long or non-ASCII values map to a
+// valid, distinct, fixed-size form.
+func TestScopePart(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "acme", keys.ScopePart("acme"))
+	require.Equal(t, "a%7Eb", keys.ScopePart("a%7Eb"), "valid values pass through, so they cannot collide with an escaped one")
+	seen := map[string]string{}
+	for _, s := range []string{"jürgen@müller.example", strings.Repeat("t", 137), "/orders/€/refund",
+		"/" + strings.Repeat("p", 151), "a~b", "", "tab\there", strings.Repeat("é", 200)} {
+		p := keys.ScopePart(s)
+		require.NoError(t, keys.Scope{Tenant: p, Operation: p}.Validate(), "%q -> %q", s, p)
+		require.LessOrEqual(t, len(p), keys.MaxScopeLen)
+		require.Contains(t, p, "~")
+		if prev, ok := seen[p]; ok {
+			t.Fatalf("%q and %q map to %q", prev, s, p)
+		}
+		seen[p] = s
+		require.Equal(t, p, keys.ScopePart(s), "deterministic")
+	}
+}
