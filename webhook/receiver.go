@@ -1,9 +1,11 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -14,8 +16,17 @@ import (
 	"github.com/oncekit/oncekit/ledger"
 )
 
-// MaxBodyDefault is the largest delivery read, in bytes (GitHub caps payloads at 25 MB).
-const MaxBodyDefault = 25 << 20
+// Defaults of [Config].
+const (
+	// MaxBodyDefault is the largest delivery read, in bytes (GitHub caps payloads at 25 MB).
+	MaxBodyDefault = 25 << 20
+	// MaxConcurrentReadsDefault is how many deliveries are read at once before their
+	// signatures are checked.
+	MaxConcurrentReadsDefault = 4
+	// ReadSlotWaitDefault is how long a delivery waits for a read slot before it is
+	// answered 503 with Retry-After.
+	ReadSlotWaitDefault = 10 * time.Second
+)
 
 // Delivery is one authentic webhook delivery.
 type Delivery struct {
@@ -57,11 +68,22 @@ type Config struct {
 	Source string
 	// Tenant owns the deliveries. Defaults to Source.
 	Tenant string
-	// MaxBodyBytes bounds the body read. Defaults to [MaxBodyDefault].
+	// MaxBodyBytes bounds the body read: a Content-Length over it is refused with 413
+	// before anything is read. Defaults to [MaxBodyDefault].
 	MaxBodyBytes int64
+	// MaxConcurrentReads bounds how many bodies are read at the same time. A body must
+	// be read whole before its signature can be checked, so this bounds the memory that
+	// unauthenticated senders can hold: at most MaxConcurrentReads × MaxBodyBytes.
+	// Defaults to [MaxConcurrentReadsDefault].
+	MaxConcurrentReads int
+	// ReadSlotWait is how long a delivery waits for a read slot before the receiver
+	// answers 503 with Retry-After. Defaults to [ReadSlotWaitDefault].
+	ReadSlotWait time.Duration
 	// Wait is how long a redelivery waits for the same delivery still in flight before
 	// answering 409. Defaults to 0.
 	Wait time.Duration
+
+	slots chan struct{} // read slots
 }
 
 // Status values of the receiver's JSON answer.
@@ -83,11 +105,62 @@ func New(cfg *Config) (http.Handler, error) {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = MaxBodyDefault
 	}
+	if c.MaxConcurrentReads == 0 {
+		c.MaxConcurrentReads = MaxConcurrentReadsDefault
+	}
+	if c.ReadSlotWait == 0 {
+		c.ReadSlotWait = ReadSlotWaitDefault
+	}
+	if c.MaxBodyBytes < 0 || c.MaxConcurrentReads < 0 || c.ReadSlotWait < 0 {
+		return nil, errors.New("oncekit/webhook: Config.MaxBodyBytes, MaxConcurrentReads and ReadSlotWait must not be negative")
+	}
+	if ch, ok := c.Verifier.(interface{ check() error }); ok {
+		if err := ch.check(); err != nil {
+			return nil, err
+		}
+	}
 	scope := keys.Scope{Tenant: c.Tenant, Operation: "webhook." + c.Source}
 	if err := scope.Validate(); err != nil {
 		return nil, err
 	}
+	c.slots = make(chan struct{}, c.MaxConcurrentReads)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { c.serve(w, r, scope) }), nil
+}
+
+// read reads the body of an unauthenticated delivery within the Config's bounds: a
+// declared length over the limit is refused before anything is read, a declared length
+// is read into one buffer of that size, and at most MaxConcurrentReads bodies are read
+// at once. status is the answer to give when err is not nil.
+func (c *Config) read(r *http.Request) (body []byte, status int, err error) {
+	if r.ContentLength > c.MaxBodyBytes {
+		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("the body is %d bytes, over the limit of %d", r.ContentLength, c.MaxBodyBytes)
+	}
+	t := time.NewTimer(c.ReadSlotWait)
+	defer t.Stop()
+	select {
+	case c.slots <- struct{}{}:
+		defer func() { <-c.slots }()
+	case <-t.C:
+		return nil, http.StatusServiceUnavailable, errors.New("too many deliveries are being read; redeliver later")
+	case <-r.Context().Done():
+		return nil, http.StatusServiceUnavailable, r.Context().Err()
+	}
+	lr := io.LimitReader(r.Body, c.MaxBodyBytes+1)
+	if r.ContentLength >= 0 {
+		body = make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(lr, body); err != nil {
+			return nil, http.StatusBadRequest, errors.New("the body is shorter than its Content-Length")
+		}
+		return body, 0, nil
+	}
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(lr); err != nil {
+		return nil, http.StatusBadRequest, errors.New("the body could not be read")
+	}
+	if int64(buf.Len()) > c.MaxBodyBytes {
+		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("the body is over the limit of %d bytes", c.MaxBodyBytes)
+	}
+	return buf.Bytes(), 0, nil
 }
 
 func (c *Config) serve(w http.ResponseWriter, r *http.Request, scope keys.Scope) {
@@ -96,9 +169,13 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, scope keys.Scope)
 		answer(w, http.StatusMethodNotAllowed, "error", "webhooks are POSTed")
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, c.MaxBodyBytes))
+	body, status, err := c.read(r)
 	if err != nil {
-		answer(w, http.StatusRequestEntityTooLarge, "error", "body unreadable or over the limit")
+		if status == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", "5")
+		}
+		w.Header().Set("Connection", "close") // the rest of an unread body is not drained
+		answer(w, status, "error", err.Error())
 		return
 	}
 	v, err := c.Verifier.Verify(r.Header, body)

@@ -47,9 +47,22 @@ type Verifier interface {
 // GitHub returns the verifier of GitHub webhooks: X-Hub-Signature-256 is "sha256=" and
 // the hex HMAC-SHA256 of the body under secret; X-GitHub-Delivery is the delivery ID and
 // X-GitHub-Event the event.
+//
+// GitHub's signature covers the body only, not X-GitHub-Delivery nor any time: a
+// captured delivery re-sent under a new delivery ID verifies, and is processed again.
+// A handler that must not repeat its effect keys it by the event's business identity
+// (an issue's or payment's ID) or orders events with [Delivery.Newer]. Standard
+// Webhooks signs the ID and a timestamp, which closes that gap.
 func GitHub(secret []byte) Verifier { return githubVerifier{secret: secret} }
 
 type githubVerifier struct{ secret []byte }
+
+func (g githubVerifier) check() error {
+	if len(g.secret) == 0 {
+		return errors.New("oncekit/webhook: the GitHub verifier has no secret: pass the webhook's secret")
+	}
+	return nil
+}
 
 func (g githubVerifier) Verify(h http.Header, body []byte) (Verified, error) {
 	if len(g.secret) == 0 {
@@ -93,10 +106,25 @@ type StandardWebhooks struct {
 	NowFunc func() time.Time
 }
 
-// Verify implements [Verifier].
-func (s StandardWebhooks) Verify(h http.Header, body []byte) (Verified, error) {
+func (s StandardWebhooks) key() ([]byte, error) {
 	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(s.Secret, "whsec_"))
 	if err != nil || len(key) == 0 {
+		return nil, errors.New("oncekit/webhook: the Standard Webhooks secret is not \"whsec_\" followed by base64: copy it whole from the sender's settings")
+	}
+	return key, nil
+}
+
+// check refuses a secret that can verify nothing, when the receiver is made rather
+// than as a 401 on every delivery.
+func (s StandardWebhooks) check() error {
+	_, err := s.key()
+	return err
+}
+
+// Verify implements [Verifier].
+func (s StandardWebhooks) Verify(h http.Header, body []byte) (Verified, error) {
+	key, err := s.key()
+	if err != nil {
 		return Verified{}, sigErr("the secret is not whsec_ and base64")
 	}
 	id, ts, sigs := h.Get("webhook-id"), h.Get("webhook-timestamp"), h.Get("webhook-signature")
