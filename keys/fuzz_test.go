@@ -122,3 +122,21 @@ func depth(b []byte) int {
 	}
 	return deepest
 }
+
+func FuzzScopePart(f *testing.F) {
+	for _, s := range []string{"acme", "jürgen@müller.example", "a~b", "", strings.Repeat("x", 300), "/caf\xc3\xa9"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		p := keys.ScopePart(s)
+		if err := (keys.Scope{Tenant: p, Operation: p}).Validate(); err != nil {
+			t.Fatalf("%q -> %q: %v", s, p, err)
+		}
+		if keys.ScopePart(s) != p {
+			t.Fatal("not deterministic")
+		}
+		if (p == s) == strings.Contains(p, "~") {
+			t.Fatalf("%q -> %q: only a transformed value may contain '~'", s, p)
+		}
+	})
+}
