@@ -91,7 +91,7 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 	}
 	start := time.Now()
 	for try := 0; ; try++ {
-		res, err, free := l.settleQ(ctx, q, in, o.Wait, start)
+		res, free, err := l.settleQ(ctx, q, in, o.Wait, start)
 		if free == notFree {
 			return ClaimResult{Result: res}, err
 		}

@@ -130,7 +130,7 @@ func (l *Ledger) do(ctx context.Context, in Intent, fn Func, o DoOpts, lt localT
 	lookFirst := !o.FirstAttempt
 	for try := 0; ; try++ {
 		if lookFirst {
-			res, err, free := l.settle(ctx, lt, in, o.Wait, start)
+			res, free, err := l.settle(ctx, lt, in, o.Wait, start)
 			if free == notFree {
 				return res, err
 			}
@@ -142,7 +142,7 @@ func (l *Ledger) do(ctx context.Context, in Intent, fn Func, o DoOpts, lt localT
 			return res, execErr
 		}
 		// The claim was refused, or the commit met a record: decide by the record.
-		res, err, free := l.settle(ctx, lt, in, o.Wait, start)
+		res, free, err := l.settle(ctx, lt, in, o.Wait, start)
 		switch free {
 		case notFree:
 			return res, err
@@ -269,46 +269,46 @@ const (
 
 // settle decides a call by the key's current record. A pending record is waited for,
 // polling, until wait has passed since start. When the key is free it says why.
-func (l *Ledger) settle(ctx context.Context, lt localTx, in Intent, wait time.Duration, start time.Time) (Result, error, freedom) {
+func (l *Ledger) settle(ctx context.Context, lt localTx, in Intent, wait time.Duration, start time.Time) (Result, freedom, error) {
 	return l.settleQ(ctx, lt.q(), in, wait, start)
 }
 
-func (l *Ledger) settleQ(ctx context.Context, q querier, in Intent, wait time.Duration, start time.Time) (Result, error, freedom) {
+func (l *Ledger) settleQ(ctx context.Context, q querier, in Intent, wait time.Duration, start time.Time) (Result, freedom, error) {
 	backoff := 5 * time.Millisecond
 	for {
 		rec, err := l.lookup(ctx, q, in.Scope, in.Key)
 		if err != nil {
-			return Result{}, fmt.Errorf("oncekit/ledger: read %s in %s: %w", quoteKey(in.Key), in.Scope, err), notFree
+			return Result{}, notFree, fmt.Errorf("oncekit/ledger: read %s in %s: %w", quoteKey(in.Key), in.Scope, err)
 		}
 		if rec == nil {
-			return Result{}, nil, freeAbsent
+			return Result{}, freeAbsent, nil
 		}
 		if rec.Expired {
-			return Result{}, nil, freeExpired
+			return Result{}, freeExpired, nil
 		}
 		if rec.Fingerprint != in.Fingerprint {
-			return Result{}, &FingerprintMismatchError{Scope: in.Scope, Key: in.Key, StoredFingerprint: rec.Fingerprint,
-				Fingerprint: in.Fingerprint, StoredState: rec.State, StoredAt: rec.CreatedAt}, notFree
+			return Result{}, notFree, &FingerprintMismatchError{Scope: in.Scope, Key: in.Key, StoredFingerprint: rec.Fingerprint,
+				Fingerprint: in.Fingerprint, StoredState: rec.State, StoredAt: rec.CreatedAt}
 		}
 		switch rec.State {
 		case StateCompleted:
-			return rec.result(true), nil, notFree
+			return rec.result(true), notFree, nil
 		case StateFailed:
-			return rec.result(true), rec.storedError(true), notFree
+			return rec.result(true), notFree, rec.storedError(true)
 		}
 		// Pending in the external-effect mode: someone holds a lease.
 		if rec.LeaseExpired {
-			return Result{}, nil, freeLeaseExpired
+			return Result{}, freeLeaseExpired, nil
 		}
 		left := wait - time.Since(start)
 		if left <= 0 {
-			return Result{}, &InProgressError{Scope: in.Scope, Key: in.Key, LeaseUntil: rec.LeaseUntil, Waited: time.Since(start)}, notFree
+			return Result{}, notFree, &InProgressError{Scope: in.Scope, Key: in.Key, LeaseUntil: rec.LeaseUntil, Waited: time.Since(start)}
 		}
 		t := time.NewTimer(min(backoff, left))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return Result{}, ctx.Err(), notFree
+			return Result{}, notFree, ctx.Err()
 		case <-t.C:
 		}
 		backoff = min(backoff*2, 250*time.Millisecond)

@@ -101,26 +101,6 @@ func (p *pipeTx) flush(ctx context.Context) error {
 	return br.Close()
 }
 
-// exec runs statements that finish the ledger's work: behind the prefix when fn sent
-// nothing, otherwise on their own.
-func (p *pipeTx) exec(ctx context.Context, b *pgx.Batch) error {
-	br, err := p.send(ctx, b)
-	if err != nil {
-		return err
-	}
-	var first error
-	for range b.Len() {
-		if _, err := br.Exec(); err != nil {
-			first = err
-			break
-		}
-	}
-	if err := br.Close(); first == nil {
-		first = err
-	}
-	return first
-}
-
 // Begin starts a pseudo nested transaction (a savepoint) in the managed transaction.
 func (p *pipeTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := p.flush(ctx); err != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,9 +21,11 @@ import (
 const benchSchema = "oncekit_bench"
 
 type ledgerBench struct {
-	url         string
-	rounds      int
-	opsPerRound int // per client
+	// server returns a server to measure on, fresh for each repetition where it can.
+	server func(ctx context.Context) (url string, done func(), err error)
+	reps   int
+	rounds int
+	burst  int // operations of one scenario in a row, per client
 }
 
 // env is one pool and ledger, with a round-trip counter on its connections.
@@ -34,8 +38,8 @@ type env struct {
 	replay []keys.Key
 }
 
-func (b ledgerBench) newEnv(ctx context.Context, conns int32, params map[string]string) (*env, error) {
-	cfg, err := pgxpool.ParseConfig(b.url)
+func newEnv(ctx context.Context, url string, conns int32, params map[string]string) (*env, error) {
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, err
 	}
@@ -66,9 +70,38 @@ func (b ledgerBench) newEnv(ctx context.Context, conns int32, params map[string]
 	return &env{pool: pool, ledger: l, trips: tc, fp: fp, scope: keys.Scope{Tenant: "bench", Operation: "orders.create"}}, nil
 }
 
-var scenarioNames = []string{"bare", "floor", "first", "first_lookup", "replay", "naive"}
+// The scenarios, by what they compare:
+//   - bare: what users write today, pgx.BeginFunc with one INSERT (3 round trips);
+//     bare_again is the same code again, so bare_again/bare shows the noise floor.
+//   - bare_pipelined: the same with BEGIN sent in the INSERT's round trip (2).
+//   - floor: bare plus one row of the ledger record's shape sent with COMMIT (3);
+//     floor_pipelined: the same with BEGIN pipelined (2). No dedup logic at all: the
+//     least any ledger can cost at those round trips.
+//   - first: a guarded first execution claiming at once (FirstAttempt, 2 round trips);
+//     first_lookup: looking for a stored result first (3); replay: a completed key (1).
+//   - naive: the look-then-insert guard many codebases write first.
+var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_lookup", "replay", "naive",
+	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol"}
+
+// The probes explain the gap between first and floor_pipelined one variable at a time:
+// each is floor_pipelined with one more of the ledger's statements in its first round
+// trip (the savepoint, the advisory try-lock, the whole claim), and probe_protocol is
+// the ledger's exact statements sent by hand, without Do's Go code around them.
+var probes = map[string][]string{
+	"probe_savepoint": {"SAVEPOINT oncekit_fn"},
+	"probe_lock":      {"SELECT pg_try_advisory_xact_lock($1)"},
+	"probe_claim":     {claimProbe},
+	"probe_protocol":  {claimProbe, "SAVEPOINT oncekit_fn"},
+}
+
+const claimProbe = `SELECT 1 / CASE WHEN NOT pg_try_advisory_xact_lock($1) THEN 0
+	WHEN EXISTS (SELECT 1 FROM idempotency_records WHERE tenant = 'bench' AND operation = 'orders.create' AND key = $2::text
+		AND expires_at > coalesce(NULL::timestamptz, now())) THEN 0 ELSE 1 END`
 
 const insertOrder = `INSERT INTO orders (item, amount) VALUES ('bench', 100)`
+
+const insertFloorRecord = `INSERT INTO floor_records (tenant, operation, key, fingerprint, state, status_code, body, attempts, created_at, updated_at, expires_at)
+	VALUES ('bench', 'orders.create', $1, $2, 'completed', 201, $3, 1, now(), now(), now() + interval '30 days')`
 
 func (e *env) mutation(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
 	if _, err := tx.Exec(ctx, insertOrder); err != nil {
@@ -81,27 +114,83 @@ func (e *env) intent(k keys.Key) ledger.Intent {
 	return ledger.Intent{Scope: e.scope, Key: k, Fingerprint: e.fp}
 }
 
+// bare is the business transaction as users write it.
+func (e *env) bare(ctx context.Context, _ int) error {
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, insertOrder)
+		return err
+	})
+}
+
+// pipelined runs [BEGIN, extra statements, INSERT] in one round trip and then the end
+// of the transaction: COMMIT alone, or the floor's record with COMMIT.
+func (e *env) pipelined(ctx context.Context, withRecord bool, extra ...string) error {
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	for _, sql := range extra {
+		switch strings.Count(sql, "$") {
+		case 0:
+			b.Queue(sql)
+		case 1:
+			b.Queue(sql, rand.Int64())
+		default:
+			b.Queue(sql, rand.Int64(), uuid.NewString())
+		}
+	}
+	b.Queue(insertOrder)
+	br := conn.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	return e.finishFloor(ctx, tx, withRecord)
+}
+
+// finishFloor commits, sending the floor's record with COMMIT when withRecord is set.
+// tx must be a connection's, not a pool's: a pool takes its connection back only when
+// its transaction is committed through pgx.
+func (e *env) finishFloor(ctx context.Context, tx pgx.Tx, withRecord bool) error {
+	if !withRecord {
+		return tx.Commit(ctx)
+	}
+	b := &pgx.Batch{}
+	b.Queue(insertFloorRecord, uuid.NewString(), string(e.fp), []byte(`{"status":"created"}`))
+	b.Queue("COMMIT")
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	return nil
+}
+
 func (e *env) scenarios() []scenario {
 	return []scenario{
-		{"bare", func(ctx context.Context, _ int) error {
-			return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, insertOrder)
-				return err
-			})
-		}},
-		// The physical floor of any ledger: the bare transaction plus one row of the same
-		// shape as a ledger record, with no dedup logic at all.
+		{"bare", e.bare},
+		{"bare_again", e.bare},
+		{"bare_pipelined", func(ctx context.Context, _ int) error { return e.pipelined(ctx, false) }},
 		{"floor", func(ctx context.Context, _ int) error {
-			return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, insertOrder); err != nil {
-					return err
-				}
-				_, err := tx.Exec(ctx, `INSERT INTO floor_records (tenant, operation, key, fingerprint, state, status_code, body, attempts, created_at, updated_at, expires_at)
-					VALUES ('bench', 'orders.create', $1, $2, 'completed', 201, $3, 1, now(), now(), now() + interval '30 days')`,
-					uuid.NewString(), string(e.fp), []byte(`{"status":"created"}`))
+			conn, err := e.pool.Acquire(ctx)
+			if err != nil {
 				return err
-			})
+			}
+			defer conn.Release()
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, insertOrder); err != nil {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+			return e.finishFloor(ctx, tx, true)
 		}},
+		{"floor_pipelined", func(ctx context.Context, _ int) error { return e.pipelined(ctx, true) }},
 		{"first", func(ctx context.Context, _ int) error {
 			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{FirstAttempt: true})
 			return err
@@ -118,7 +207,15 @@ func (e *env) scenarios() []scenario {
 			return err
 		}},
 		{"naive", func(ctx context.Context, _ int) error { return e.naive(ctx, uuid.NewString()) }},
+		{"probe_savepoint", e.probe("probe_savepoint")},
+		{"probe_lock", e.probe("probe_lock")},
+		{"probe_claim", e.probe("probe_claim")},
+		{"probe_protocol", e.probe("probe_protocol")},
 	}
+}
+
+func (e *env) probe(name string) func(context.Context, int) error {
+	return func(ctx context.Context, _ int) error { return e.pipelined(ctx, true, probes[name]...) }
 }
 
 // naive is the guard many codebases write first: look, begin, insert, lock, mutate,
@@ -144,8 +241,8 @@ func (e *env) naive(ctx context.Context, key string) error {
 	})
 }
 
-func (b ledgerBench) setupSchema(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, b.url)
+func setupSchema(ctx context.Context, url string) error {
+	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return err
 	}
@@ -163,12 +260,29 @@ func (b ledgerBench) setupSchema(ctx context.Context) error {
 	return err
 }
 
-func (b ledgerBench) run(ctx context.Context, out io.Writer) error {
-	if err := b.setupSchema(ctx); err != nil {
-		return err
-	}
-	emit := func(name string, v float64) { fmt.Fprintf(out, "metric %s %.4g\n", name, v) }
+// ratios are the figures the ledger group reports per client variant: name, numerator
+// and denominator scenario.
+var ledgerRatios = [][3]string{
+	{"noise", "bare_again", "bare"},
+	{"first_vs_bare", "first", "bare"},
+	{"first_vs_floor", "first", "floor_pipelined"},
+	{"first_lookup_vs_bare", "first_lookup", "bare"},
+	{"first_lookup_vs_floor", "first_lookup", "floor"},
+	{"floor_vs_bare", "floor", "bare"},
+	{"bare_pipelined_vs_bare", "bare_pipelined", "bare"},
+	{"replay_vs_first", "replay", "first"},
+	{"naive_vs_bare", "naive", "bare"},
+	{"probe_savepoint_vs_floor", "probe_savepoint", "floor_pipelined"},
+	{"probe_lock_vs_floor", "probe_lock", "floor_pipelined"},
+	{"probe_claim_vs_floor", "probe_claim", "floor_pipelined"},
+	{"probe_protocol_vs_floor", "probe_protocol", "floor_pipelined"},
+	{"first_vs_probe_protocol", "first", "probe_protocol"},
+}
 
+// run measures on a fresh cluster per repetition (or a fresh schema, on DATABASE_URL),
+// so one cluster's luck (its checkpoints, its place on the disk) does not decide a ratio.
+func (b ledgerBench) run(ctx context.Context, out io.Writer) error {
+	line := func(s string) { fmt.Fprintln(out, s) }
 	type variant struct {
 		suffix  string
 		clients int
@@ -177,35 +291,62 @@ func (b ledgerBench) run(ctx context.Context, out io.Writer) error {
 	variants := []variant{
 		{"c1", 1, nil},
 		{"c8", 8, nil},
-		// Commit without waiting for the WAL flush: round trips dominate, so this shows
-		// the guard's own overhead without the disk's cost hiding it.
+		// Commit without waiting for the WAL flush: the guard's own cost shows without
+		// the disk's hiding it.
 		{"c1.async", 1, map[string]string{"synchronous_commit": "off"}},
 	}
+	figures := repeated{}
+	var order []string
+	for rep := range b.reps {
+		url, done, err := b.server(ctx)
+		if err != nil {
+			return err
+		}
+		err = func() error {
+			defer done()
+			if err := setupSchema(ctx, url); err != nil {
+				return err
+			}
+			for _, v := range variants {
+				e, err := newEnv(ctx, url, int32(v.clients), v.params)
+				if err != nil {
+					return err
+				}
+				if err := e.seedReplays(ctx, 200); err != nil {
+					e.pool.Close()
+					return err
+				}
+				lat, err := interleave(ctx, b.rounds, b.burst, v.clients, e.scenarios())
+				e.pool.Close()
+				if err != nil {
+					return err
+				}
+				for _, name := range scenarioNames {
+					figures.add(fmt.Sprintf("ledger.%s_us.%s", name, v.suffix), lat[name])
+				}
+				for _, r := range ledgerRatios {
+					figures.add(fmt.Sprintf("ledger.%s.%s", r[0], v.suffix), lat[r[1]]/lat[r[2]])
+				}
+			}
+			if rep == 0 {
+				return measureCosts(ctx, url, line)
+			}
+			return nil
+		}()
+		if err != nil {
+			return err
+		}
+	}
 	for _, v := range variants {
-		e, err := b.newEnv(ctx, int32(v.clients), v.params)
-		if err != nil {
-			return err
-		}
-		if err := e.seedReplays(ctx, 200); err != nil {
-			e.pool.Close()
-			return err
-		}
-		lat, err := interleave(ctx, b.rounds, b.opsPerRound, v.clients, e.scenarios())
-		e.pool.Close()
-		if err != nil {
-			return err
+		for _, r := range ledgerRatios {
+			order = append(order, fmt.Sprintf("ledger.%s.%s", r[0], v.suffix))
 		}
 		for _, name := range scenarioNames {
-			emit(fmt.Sprintf("ledger.%s_us.%s", name, v.suffix), lat[name])
+			order = append(order, fmt.Sprintf("ledger.%s_us.%s", name, v.suffix))
 		}
-		emit("ledger.first_vs_bare."+v.suffix, lat["first"]/lat["bare"])
-		emit("ledger.floor_vs_bare."+v.suffix, lat["floor"]/lat["bare"])
-		emit("ledger.first_vs_floor."+v.suffix, lat["first"]/lat["floor"])
-		emit("ledger.first_lookup_vs_bare."+v.suffix, lat["first_lookup"]/lat["bare"])
-		emit("ledger.naive_vs_bare."+v.suffix, lat["naive"]/lat["bare"])
-		emit("ledger.replay_vs_first."+v.suffix, lat["replay"]/lat["first"])
 	}
-	return b.measureCosts(ctx, emit)
+	figures.emit(line, order)
+	return nil
 }
 
 // seedReplays completes n keys for the replay scenario.
@@ -220,10 +361,10 @@ func (e *env) seedReplays(ctx context.Context, n int) error {
 	return nil
 }
 
-// measureCosts counts network round trips and WAL activity per operation on a single
-// connection.
-func (b ledgerBench) measureCosts(ctx context.Context, emit func(string, float64)) error {
-	e, err := b.newEnv(ctx, 1, nil)
+// measureCosts counts network round trips, WAL records and bytes, WAL flushes and
+// transaction IDs per operation on a single connection.
+func measureCosts(ctx context.Context, url string, line func(string)) error {
+	e, err := newEnv(ctx, url, 1, nil)
 	if err != nil {
 		return err
 	}
@@ -245,7 +386,7 @@ func (b ledgerBench) measureCosts(ctx context.Context, emit func(string, float64
 				return err
 			}
 		}
-		walBefore, err := e.walStats(ctx)
+		before, err := e.costs(ctx)
 		if err != nil {
 			return err
 		}
@@ -256,37 +397,41 @@ func (b ledgerBench) measureCosts(ctx context.Context, emit func(string, float64
 			}
 		}
 		trips := e.trips.load()
-		walAfter, err := e.walStats(ctx)
+		after, err := e.costs(ctx)
 		if err != nil {
 			return err
 		}
-		emit("ledger.roundtrips."+name, float64(trips)/n)
-		emit("ledger.wal_flushes."+name, float64(walAfter.syncs-walBefore.syncs)/n)
-		emit("ledger.wal_records."+name, float64(walAfter.records-walBefore.records)/n)
+		per := func(a, b int64) float64 { return float64(a-b) / n }
+		line(fmt.Sprintf("metric ledger.roundtrips.%s %.3g", name, float64(trips)/n))
+		line(fmt.Sprintf("metric ledger.wal_records.%s %.3g", name, per(after.records, before.records)))
+		line(fmt.Sprintf("metric ledger.wal_bytes.%s %.4g", name, per(after.bytes, before.bytes)))
+		line(fmt.Sprintf("metric ledger.wal_flushes.%s %.3g", name, per(after.syncs, before.syncs)))
+		line(fmt.Sprintf("metric ledger.xids.%s %.3g", name, per(after.xids, before.xids)))
 	}
 	return nil
 }
 
-type walStats struct{ records, syncs int64 }
+type costStats struct{ records, bytes, syncs, xids int64 }
 
-// walStats reads pg_stat_wal after making this connection's pending statistics visible.
-// The counting connection is used for the work; statistics are read on a fresh one so
-// that the reading itself is not counted as work.
-func (e *env) walStats(ctx context.Context) (walStats, error) {
+// costs reads pg_stat_wal and the next transaction ID after making this connection's
+// pending statistics visible. The counting connection is used for the work;
+// statistics are read on a fresh one so that the reading itself is not counted.
+func (e *env) costs(ctx context.Context) (costStats, error) {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
-		return walStats{}, err
+		return costStats{}, err
 	}
 	_, err = conn.Exec(ctx, "SELECT pg_stat_force_next_flush()")
 	conn.Release()
 	if err != nil {
-		return walStats{}, err
+		return costStats{}, err
 	}
 	// Backends publish statistics when idle; give the flush a moment to land.
 	time.Sleep(1100 * time.Millisecond)
-	var s walStats
-	err = e.pool.QueryRow(ctx, "SELECT pg_stat_clear_snapshot() IS NULL AND true, wal_records, wal_sync FROM pg_stat_wal").
-		Scan(new(bool), &s.records, &s.syncs)
+	var s costStats
+	err = e.pool.QueryRow(ctx, `SELECT pg_stat_clear_snapshot() IS NULL AND true, wal_records, wal_bytes::bigint, wal_sync,
+			pg_snapshot_xmax(pg_current_snapshot())::text::bigint FROM pg_stat_wal`).
+		Scan(new(bool), &s.records, &s.bytes, &s.syncs, &s.xids)
 	return s, err
 }
 

@@ -27,6 +27,21 @@ func main() {
 	}
 }
 
+// freshServer returns a fresh durable cluster for each call, or the DATABASE_URL
+// server (with the schema recreated by each repetition) when it is set.
+func freshServer(databaseURL string) func(context.Context) (string, func(), error) {
+	return func(ctx context.Context) (string, func(), error) {
+		if os.Getenv("DATABASE_URL") != "" {
+			return databaseURL, func() {}, nil
+		}
+		c, err := pgtest.StartCluster(ctx, &pgtest.ClusterOpts{Durable: true})
+		if err != nil {
+			return "", nil, err
+		}
+		return c.ConnString(), func() { _ = c.Close() }, nil
+	}
+}
+
 func run(quick bool, only string) error {
 	ctx := context.Background()
 	url := os.Getenv("DATABASE_URL")
@@ -48,7 +63,7 @@ func run(quick bool, only string) error {
 		name string
 		run  func(context.Context, io.Writer) error
 	}{
-		{"ledger", ledgerBench{url: url, rounds: scale(7, 2), opsPerRound: scale(150, 10)}.run},
+		{"ledger", ledgerBench{server: freshServer(url), reps: scale(4, 1), rounds: scale(60, 2), burst: 5}.run},
 		{"http", httpBench{url: url, rounds: scale(7, 2), opsPerRound: scale(150, 10)}.run},
 		{"messaging", messagingBench{url: url, rounds: scale(7, 2), opsPerRound: scale(150, 10), dispatchN: scale(50000, 2000)}.run},
 		{"activity", activityBench{url: url, rounds: scale(15, 2)}.run},
