@@ -22,7 +22,7 @@ const httpSchema = "oncekit_bench_http"
 type httpBench struct {
 	url         string
 	rounds      int
-	opsPerRound int
+	opsPerRound int // a burst of one scenario, per round
 }
 
 func (b httpBench) run(ctx context.Context, out io.Writer) error {

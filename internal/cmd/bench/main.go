@@ -64,8 +64,8 @@ func run(quick bool, only string) error {
 		run  func(context.Context, io.Writer) error
 	}{
 		{"ledger", ledgerBench{server: freshServer(url), reps: scale(4, 1), rounds: scale(60, 2), burst: 5}.run},
-		{"http", httpBench{url: url, rounds: scale(7, 2), opsPerRound: scale(150, 10)}.run},
-		{"messaging", messagingBench{url: url, rounds: scale(7, 2), opsPerRound: scale(150, 10), dispatchN: scale(50000, 2000)}.run},
+		{"http", httpBench{url: url, rounds: scale(200, 2), opsPerRound: 5}.run},
+		{"messaging", messagingBench{url: url, rounds: scale(200, 2), opsPerRound: 5, dispatchN: scale(50000, 2000)}.run},
 		{"activity", activityBench{url: url, rounds: scale(15, 2)}.run},
 	}
 	for _, g := range groups {

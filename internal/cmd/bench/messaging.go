@@ -21,7 +21,7 @@ const messagingSchema = "oncekit_bench_messaging"
 type messagingBench struct {
 	url         string
 	rounds      int
-	opsPerRound int
+	opsPerRound int // a burst of one scenario, per round
 	dispatchN   int
 }
 
