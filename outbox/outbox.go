@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -56,7 +58,21 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 	if cfg != nil && cfg.Schema != "" {
 		schema = cfg.Schema
 	}
-	return &Outbox{pool: pool, schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(), channel: "oncekit_outbox." + schema}, nil
+	return &Outbox{pool: pool, schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(), channel: channelName(schema)}, nil
+}
+
+// channelName is the outbox's notification channel: "oncekit_outbox." and the schema,
+// or, when that is longer than PostgreSQL's 63-byte identifiers, the start of it and a
+// hash of the schema, so that every schema name gets a channel of its own that fits.
+func channelName(schema string) string {
+	const maxIdent = 63
+	name := "oncekit_outbox." + schema
+	if len(name) <= maxIdent {
+		return name
+	}
+	sum := sha256.Sum256([]byte(schema))
+	suffix := "~" + hex.EncodeToString(sum[:8])
+	return name[:maxIdent-len(suffix)] + suffix
 }
 
 // Enqueue adds events in tx: they exist, and dispatchers wake for them, only if tx
@@ -103,8 +119,11 @@ type DeadEvent struct {
 	LastError string
 }
 
-// Dead lists up to limit dead events, oldest first.
+// Dead lists up to limit dead events, oldest first. limit must be positive.
 func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("oncekit/outbox: Dead needs a positive limit, got %d", limit)
+	}
 	rows, err := o.pool.Query(ctx, `SELECT id, topic, coalesce(ordering_key, ''), payload, attempts, created_at, coalesce(last_error, '')
 		FROM `+o.t+` WHERE state = 'dead' ORDER BY seq LIMIT $1`, limit)
 	if err != nil {
