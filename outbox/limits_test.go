@@ -22,7 +22,9 @@ func TestOutbox_LongSchemaName(t *testing.T) {
 	schema := "s_" + strings.Repeat("x", 58) // 60 bytes: a valid identifier
 	_, err := ledger.Migrate(ctx, pool, schema)
 	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE") })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
 	out, err := outbox.New(pool, &outbox.Config{Schema: schema})
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
