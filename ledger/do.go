@@ -222,7 +222,7 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lo
 	switch {
 	case errors.As(fnErr, &derr):
 		what = "store failure"
-		created, err = lt.commitFailure(ctx, p, l.failedArgs(in, derr, retention))
+		created, err = commitFailure(ctx, lt, p, l.q.insertFailed, l.failedArgs(in, derr, retention))
 	case fnErr != nil:
 		if err := lt.abort(cleanup, p); err != nil {
 			return Result{}, errors.Join(fnErr, err), true
@@ -236,7 +236,7 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lo
 			return Result{}, err, true
 		}
 		what = "store result"
-		created, err = lt.commit(ctx, p, l.completedArgs(in, resp, retention))
+		created, err = finish(ctx, lt, p, l.q.insertCompleted, l.completedArgs(in, resp, retention))
 	}
 	if err != nil {
 		aerr := lt.abort(cleanup, p)

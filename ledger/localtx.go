@@ -32,11 +32,11 @@ type localTx interface {
 	q() querier
 	// begin prepares the claim of in and returns the transaction fn runs in.
 	begin(in Intent, lock int64) *pipeTx
-	// commit stores the response and commits (or releases the caller's savepoint).
-	commit(ctx context.Context, p *pipeTx, args []any) (time.Time, error)
-	// commitFailure undoes fn's writes, stores the failure and commits. It works
-	// whatever state fn left the transaction in, aborted included.
-	commitFailure(ctx context.Context, p *pipeTx, args []any) (time.Time, error)
+	// end is the statement that makes the record and fn's writes final: COMMIT, or the
+	// release of the caller's savepoint.
+	end() string
+	// txStatus is the connection's transaction status, as pgconn reports it.
+	txStatus() byte
 	// abort undoes the claim and fn's writes, and leaves the connection (or the
 	// caller's transaction) usable.
 	abort(ctx context.Context, p *pipeTx) error
@@ -78,26 +78,8 @@ func (o *ownTx) begin(in Intent, lock int64) *pipeTx {
 		queued("SAVEPOINT oncekit_fn"))
 }
 
-func (o *ownTx) commit(ctx context.Context, p *pipeTx, args []any) (time.Time, error) {
-	return o.finish(ctx, p, o.l.q.insertCompleted, args)
-}
-
-func (o *ownTx) commitFailure(ctx context.Context, p *pipeTx, args []any) (time.Time, error) {
-	if err := undoFn(ctx, p); err != nil {
-		return time.Time{}, err
-	}
-	return o.finish(ctx, p, o.l.q.insertFailed, args)
-}
-
-// finish inserts the record and commits, in one round trip. The transaction handed to
-// fn is done with after it; it is not committed through pgx because that would cost a
-// round trip of its own.
-func (o *ownTx) finish(ctx context.Context, p *pipeTx, insert string, args []any) (time.Time, error) {
-	if p.sent && p.err == nil && o.conn.PgConn().TxStatus() != 'T' {
-		return time.Time{}, ErrTxAborted
-	}
-	return insertAndEnd(ctx, p, insert, args, "COMMIT")
-}
+func (o *ownTx) end() string    { return "COMMIT" }
+func (o *ownTx) txStatus() byte { return o.conn.PgConn().TxStatus() }
 
 func (o *ownTx) abort(ctx context.Context, p *pipeTx) error {
 	if o.conn.PgConn().TxStatus() == 'I' {
@@ -142,23 +124,8 @@ func (c *callerTx) begin(in Intent, lock int64) *pipeTx {
 		queued("SAVEPOINT oncekit_fn"))
 }
 
-func (c *callerTx) commit(ctx context.Context, p *pipeTx, args []any) (time.Time, error) {
-	return c.finish(ctx, p, c.l.q.insertCompleted, args)
-}
-
-func (c *callerTx) commitFailure(ctx context.Context, p *pipeTx, args []any) (time.Time, error) {
-	if err := undoFn(ctx, p); err != nil {
-		return time.Time{}, err
-	}
-	return c.finish(ctx, p, c.l.q.insertFailed, args)
-}
-
-func (c *callerTx) finish(ctx context.Context, p *pipeTx, insert string, args []any) (time.Time, error) {
-	if p.sent && p.err == nil && c.outer.Conn().PgConn().TxStatus() != 'T' {
-		return time.Time{}, ErrTxAborted
-	}
-	return insertAndEnd(ctx, p, insert, args, "RELEASE SAVEPOINT oncekit_claim")
-}
+func (c *callerTx) end() string    { return "RELEASE SAVEPOINT oncekit_claim" }
+func (c *callerTx) txStatus() byte { return c.outer.Conn().PgConn().TxStatus() }
 
 // abort rolls back to where DoTx began. Both statements travel as one simple-protocol
 // query, which an aborted transaction accepts: an extended-protocol batch would have
@@ -192,11 +159,30 @@ func (c *callerTx) deleteExpired(ctx context.Context, in Intent) error {
 	b.Queue("RELEASE SAVEPOINT oncekit_claim")
 	err := c.outer.SendBatch(ctx, b).Close()
 	if err != nil && c.outer.Conn().PgConn().TxStatus() == 'E' {
-		if _, rbErr := c.outer.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT oncekit_claim; RELEASE SAVEPOINT oncekit_claim"); rbErr != nil {
+		if rbErr := c.abort(context.WithoutCancel(ctx), nil); rbErr != nil {
 			return errors.Join(err, rbErr)
 		}
 	}
 	return err
+}
+
+// commitFailure undoes fn's writes, stores the failure and makes it final. It works
+// whatever state fn left the transaction in, aborted included.
+func commitFailure(ctx context.Context, lt localTx, p *pipeTx, insert string, args []any) (time.Time, error) {
+	if err := undoFn(ctx, p); err != nil {
+		return time.Time{}, err
+	}
+	return finish(ctx, lt, p, insert, args)
+}
+
+// finish inserts the record and ends (commit or release), in one round trip. In the
+// ledger's own transaction the pgx.Tx handed to fn is done with after it; it is not
+// committed through pgx because that would cost a round trip of its own.
+func finish(ctx context.Context, lt localTx, p *pipeTx, insert string, args []any) (time.Time, error) {
+	if p.sent && p.err == nil && lt.txStatus() != 'T' {
+		return time.Time{}, ErrTxAborted
+	}
+	return insertAndEnd(ctx, p, insert, args, lt.end())
 }
 
 // undoFn rolls fn's writes back to the savepoint behind the claim. When fn left the
