@@ -166,3 +166,18 @@ func TestInbox_NegativeRetentionRefused(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "Retention")
 }
+
+// Bad names are blamed on what they are: the subscriber or the message ID.
+func TestInbox_InputErrorsNameTheirPart(t *testing.T) {
+	t.Parallel()
+	ib, _ := setup(t)
+	ctx := context.Background()
+	noop := func(context.Context, pgx.Tx) error { return nil }
+	_, err := ib.Handle(ctx, "", "m", noop)
+	require.ErrorContains(t, err, "subscriber")
+	require.NotContains(t, err.Error(), "tenant")
+	_, err = ib.Handle(ctx, "billing", string(make([]byte, 300)), noop)
+	require.ErrorContains(t, err, "message ID")
+	require.NotContains(t, err.Error(), "keys.Derive")
+	require.NotContains(t, err.Error(), "tenant")
+}

@@ -6,7 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -75,18 +78,57 @@ func channelName(schema string) string {
 	return name[:maxIdent-len(suffix)] + suffix
 }
 
+// Limits of an [Event], checked by [Outbox.Enqueue] before any SQL.
+const (
+	// MaxTopicLen is the longest topic, in bytes.
+	MaxTopicLen = 255
+	// MaxOrderingKeyLen is the longest ordering key, in bytes: well within what the
+	// index on ordering keys can hold.
+	MaxOrderingKeyLen = 1024
+)
+
+// Enqueue errors.
+var (
+	// ErrInvalidEvent: an event breaks a limit (no topic, a topic or ordering key too
+	// long, a NUL byte or invalid UTF-8 in either). Nothing was sent.
+	ErrInvalidEvent = errors.New("oncekit/outbox: invalid event")
+	// ErrDuplicateEvent: an event ID is already in the outbox. Roll the transaction back
+	// (the events enqueued before it in the same call are in it) or enqueue a new ID.
+	ErrDuplicateEvent = errors.New("oncekit/outbox: an event with this ID is already in the outbox")
+)
+
 // Enqueue adds events in tx: they exist, and dispatchers wake for them, only if tx
-// commits. It returns the events' IDs, generating the missing ones.
+// commits. It returns the events' IDs, generating the missing ones. Events are checked
+// against their limits before any SQL ([ErrInvalidEvent]), and a reused event ID is
+// reported as [ErrDuplicateEvent] without aborting tx.
+//
+// An event with an ordering key takes a lock on the key until tx ends: another
+// transaction enqueueing for the same key waits for it, so a key's events are in the
+// outbox in the order their transactions committed.
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.UUID, error) {
 	if tx == nil {
 		return nil, errors.New("oncekit/outbox: Enqueue needs the business transaction")
 	}
 	ids := make([]uuid.UUID, len(events))
 	b := &pgx.Batch{}
+	var orderingKeys []string
 	for i, e := range events {
-		if e.Topic == "" {
-			return nil, fmt.Errorf("oncekit/outbox: event %d has no topic", i)
+		if err := checkEvent(e); err != nil {
+			return nil, fmt.Errorf("%w %d: %s", ErrInvalidEvent, i, err)
 		}
+		if e.OrderingKey != "" && !slices.Contains(orderingKeys, e.OrderingKey) {
+			orderingKeys = append(orderingKeys, e.OrderingKey)
+		}
+	}
+	// Producers of one ordering key take turns from their Enqueue to their commit, so
+	// that a key's events get their outbox order in commit order. Keys are locked in
+	// sorted order, so that two producers never wait for each other.
+	slices.Sort(orderingKeys)
+	for _, k := range orderingKeys {
+		b.Queue(keyLock, o.schema+"."+k)
+	}
+	skip := b.Len()
+	for i, e := range events {
 		if e.ID == uuid.Nil {
 			id, err := uuid.NewV7()
 			if err != nil {
@@ -103,15 +145,60 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uui
 		if payload == nil {
 			payload = []byte{}
 		}
-		b.Queue(`INSERT INTO `+o.t+` (id, topic, ordering_key, payload) VALUES ($1, $2, $3, $4)`, e.ID, e.Topic, ok, payload)
+		b.Queue(`INSERT INTO `+o.t+` (id, topic, ordering_key, payload) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING`,
+			e.ID, e.Topic, ok, payload)
 	}
 	// Delivered at commit, once per transaction however many events it enqueued.
 	b.Queue(`SELECT pg_notify($1, '')`, o.channel)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("oncekit/outbox: enqueue: %w", err)
+	br := tx.SendBatch(ctx, b)
+	var err error
+	for range skip {
+		if _, e := br.Exec(); e != nil {
+			err = fmt.Errorf("oncekit/outbox: enqueue: %w", e)
+			break
+		}
+	}
+	for i := 0; err == nil && i < len(events); i++ {
+		tag, e := br.Exec()
+		if e != nil {
+			err = fmt.Errorf("oncekit/outbox: enqueue: %w", e)
+			break
+		}
+		if tag.RowsAffected() == 0 {
+			err = fmt.Errorf("%w: event %d (%s)", ErrDuplicateEvent, i, ids[i])
+			break
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("oncekit/outbox: enqueue: %w", cerr)
+	}
+	if err != nil {
+		return nil, err
 	}
 	return ids, nil
 }
+
+// keyLock is the transaction-scoped lock of an ordering key, $1 the schema and key.
+const keyLock = "SELECT pg_advisory_xact_lock(hashtextextended('oncekit.outbox.key.' || $1::text, 0))"
+
+// checkEvent checks an event's limits.
+func checkEvent(e Event) error {
+	switch {
+	case e.Topic == "":
+		return errors.New("has no topic")
+	case len(e.Topic) > MaxTopicLen:
+		return fmt.Errorf("has a topic of %d bytes, over %d", len(e.Topic), MaxTopicLen)
+	case len(e.OrderingKey) > MaxOrderingKeyLen:
+		return fmt.Errorf("has an ordering key of %d bytes, over %d", len(e.OrderingKey), MaxOrderingKeyLen)
+	case !storable(e.Topic):
+		return errors.New("has a NUL byte or invalid UTF-8 in its topic")
+	case !storable(e.OrderingKey):
+		return errors.New("has a NUL byte or invalid UTF-8 in its ordering key")
+	}
+	return nil
+}
+
+func storable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 // DeadEvent is an event that kept failing.
 type DeadEvent struct {

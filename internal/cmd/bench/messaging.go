@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/inbox"
 	"github.com/oncekit/oncekit/outbox"
@@ -103,5 +104,36 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 		return fmt.Errorf("dispatched %d of %d events", total, b.dispatchN)
 	}
 	emit("outbox.dispatch_per_s", float64(total)/took.Seconds())
+	return b.orderedDrain(ctx, pool, ob, payload, emit)
+}
+
+// orderedDrain measures how fast an ordered dispatcher drains a backlog of one key.
+func (b messagingBench) orderedDrain(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, payload []byte, emit func(string, float64)) error {
+	const n = 1000
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox_events (id, topic, ordering_key, payload)
+		SELECT gen_random_uuid(), 'entries', 'one-key', $1::bytea FROM generate_series(1, $2)`, payload, n); err != nil {
+		return err
+	}
+	d, err := outbox.NewDispatcher(ob, outbox.PublisherFunc(func(context.Context, outbox.Event) error { return nil }),
+		&outbox.DispatcherConfig{Ordered: true})
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	total := 0
+	for {
+		got, err := d.DispatchOnce(ctx)
+		if err != nil {
+			return err
+		}
+		if got == 0 {
+			break
+		}
+		total += got
+	}
+	if total != n {
+		return fmt.Errorf("ordered drain: dispatched %d of %d events", total, n)
+	}
+	emit("outbox.ordered_drain_per_s", float64(total)/time.Since(start).Seconds())
 	return nil
 }
