@@ -334,3 +334,35 @@ func TestHTTPPublisher_TopicAndContentType(t *testing.T) {
 	ct, _ = types.Load("bytes")
 	require.Equal(t, "application/octet-stream", ct)
 }
+
+// ErrorFunc is never called from two goroutines at once, even while the listener and
+// the dispatch loop both hit errors: an unsynchronised ErrorFunc is safe (run under
+// -race).
+func TestDispatcher_ErrorFuncSerialised(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 20 {
+		b.produce(t, "acc", int64(i))
+	}
+	var seen []string // deliberately unsynchronised
+	d := b.dispatcher(t, outbox.PublisherFunc(func(context.Context, outbox.Event) error {
+		return errors.New("down")
+	}), &outbox.DispatcherConfig{BackoffMin: time.Millisecond, BackoffMax: time.Millisecond, MaxAttempts: 1000,
+		PollInterval: 5 * time.Millisecond, ErrorFunc: func(err error) { seen = append(seen, err.Error()) }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = d.Run(ctx)
+	}()
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		// Kill the listener's connection, so the listener reports too.
+		_, _ = b.pool.Exec(context.Background(),
+			`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()`)
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	require.NotEmpty(t, seen)
+}
