@@ -42,19 +42,26 @@ type DoOpts struct {
 	// Retention overrides how long this record is kept. Defaults to the operation's
 	// retention from [Config].
 	Retention time.Duration
-	// FirstAttempt says the caller expects this to be the key's first execution: the
-	// call claims the key at once instead of looking for a stored result first, and the
-	// claim (with BEGIN) travels in the round trip of fn's first statement. A first
-	// execution whose fn sends one statement then takes two round trips, one fewer than
-	// pgx.BeginFunc with that statement alone; a replay takes three instead of one.
+	// FirstAttempt says the caller expects this to be the key's first execution, and
+	// trades the claim before fn for speed. Use it only for an fn that acts through tx
+	// alone, since fn may run for an intent that turns out to be taken; whatever it wrote
+	// is then rolled back and the key's record answers the call, as always. Defaults to
+	// false: the call looks up the key, and claims it before fn runs.
 	//
-	// Because the claim's answer arrives with fn's first statement, fn is called before
-	// the key is known to be free. When it is not, that statement and every later one
-	// return an error without running, nothing fn wrote commits, and the call is decided
-	// by the key's record (replayed, refused as in progress, or waited for) as usual. So
-	// code in fn before its first statement may run for an intent that is replayed: use
-	// FirstAttempt only for an fn that acts through tx alone. Defaults to false: the
-	// call looks up the key, and claims it before fn runs.
+	// In [Ledger.Do] the first attempt is optimistic: it sends no claim at all. BEGIN
+	// travels with fn's first statement and the record with COMMIT, so a first
+	// execution whose fn sends one statement takes two round trips, one fewer than
+	// pgx.BeginFunc with that statement alone, and costs what the bare transaction plus
+	// one row does. The record's primary key decides at commit: of concurrent attempts
+	// the first to commit wins, and the others have their writes rolled back and replay
+	// its result, whatever Wait says (an attempt whose record meets an uncommitted one
+	// waits for that transaction); a stored result found at commit is replayed, so a
+	// replay costs three round trips instead of one. A definitive failure is stored by a
+	// second, claimed transaction; fn's other errors are checked against the key's record
+	// before they are returned.
+	//
+	// In [Ledger.DoTx] the claim travels in the round trip of fn's first statement; if
+	// the key is taken, that statement and every later one fail without running.
 	FirstAttempt bool
 }
 
@@ -135,9 +142,13 @@ func (l *Ledger) do(ctx context.Context, in Intent, fn Func, o DoOpts, lt localT
 				return res, err
 			}
 		}
-		// Only a first attempt's first try sends its claim with fn's first statement;
-		// every other try knows the claim's answer before fn runs.
-		res, execErr, decided := l.execute(ctx, in, fn, lt, lock, retention, o.FirstAttempt && try == 0)
+		// Only a first attempt's first try runs fn before the claim's answer is known;
+		// every other try claims first.
+		mode := claimFirst
+		if o.FirstAttempt && try == 0 {
+			mode = lt.firstAttemptMode()
+		}
+		res, execErr, decided := l.execute(ctx, in, fn, lt, lock, retention, mode)
 		if decided {
 			return res, execErr
 		}
@@ -184,14 +195,25 @@ func (l *Ledger) do(ctx context.Context, in Intent, fn Func, o DoOpts, lt localT
 // errCommitConflict marks a commit that met a record committed by another attempt.
 var errCommitConflict = errors.New("oncekit/ledger: the key was recorded by another attempt")
 
+// claimMode is how an execution claims its key.
+type claimMode int
+
+const (
+	// claimFirst sends the claim, and waits for its answer, before fn runs.
+	claimFirst claimMode = iota
+	// claimWithFirstStatement sends the claim in the round trip of fn's first statement.
+	claimWithFirstStatement
+	// optimistic sends no claim: the record's primary key decides at commit.
+	optimistic
+)
+
 // execute claims the key, runs fn and finishes the transaction by fn's outcome. decided
 // is false when the claim was refused or the commit met another attempt's record: then
-// nothing of this attempt remains, and the key's record decides the call. With
-// pipelined, the claim travels with fn's first statement instead of before fn runs.
-func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lock int64, retention time.Duration, pipelined bool) (res Result, err error, decided bool) {
+// nothing of this attempt remains, and the key's record decides the call.
+func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lock int64, retention time.Duration, mode claimMode) (res Result, err error, decided bool) {
 	cleanup := context.WithoutCancel(ctx)
-	p := lt.begin(in, lock)
-	if !pipelined {
+	p := lt.begin(in, lock, mode == optimistic)
+	if mode == claimFirst {
 		if err := p.flush(ctx); err != nil && !p.refused {
 			if aerr := lt.abort(cleanup, p); aerr != nil {
 				err = errors.Join(err, aerr)
@@ -217,6 +239,25 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lo
 		return Result{}, nil, false
 	}
 	var derr *DefinitiveError
+	if mode == optimistic && fnErr != nil {
+		// No savepoint and no claim: undo everything, then decide without fn's writes.
+		if err := lt.abort(cleanup, p); err != nil {
+			return Result{}, errors.Join(fnErr, err), true
+		}
+		if errors.As(fnErr, &derr) {
+			// Store the failure under a claim, as a claim-first execution would.
+			failed := func(context.Context, pgx.Tx) (Response, error) { return Response{}, fnErr }
+			return l.execute(ctx, in, failed, lt, lock, retention, claimFirst)
+		}
+		// fn may have failed because the intent was carried out before: then its
+		// record, not fn's error, is the answer.
+		res, free, err := l.settle(ctx, lt, in, 0, time.Now())
+		var mm *FingerprintMismatchError
+		if free == notFree && (err == nil || errors.As(err, &derr) || errors.As(err, &mm)) {
+			return res, err, true
+		}
+		return Result{}, fnErr, true
+	}
 	var created time.Time
 	var what string
 	switch {

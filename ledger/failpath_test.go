@@ -358,3 +358,52 @@ func TestDo_CreatedAtIsTheRecordedTime(t *testing.T) {
 		require.True(t, rec.CreatedAt.Equal(failed.CreatedAt), "failure: first %s, record %s", failed.CreatedAt, rec.CreatedAt)
 	}
 }
+
+// A first attempt sends no claim: of two concurrent ones, the first to commit wins,
+// the other's writes are rolled back and it replays the winner's result. An error of
+// fn for an intent already carried out is answered by the record.
+func TestDo_FirstAttemptIsOptimistic(t *testing.T) {
+	t.Parallel()
+	l, b := setup(t, nil)
+	ctx := context.Background()
+	req := order{Item: "kite", Amount: 1}
+	in := intent(t, "acme", "order-kite", req)
+	first := &ledger.DoOpts{FirstAttempt: true}
+
+	inside, release := make(chan struct{}), make(chan struct{})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	slow := make(chan ledger.Result, 1)
+	go func() {
+		res, err := l.Do(ctx, in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+			resp, err := createOrder("acme", req)(ctx, tx)
+			close(inside)
+			<-release
+			return resp, err
+		}, first)
+		assertNoError(t, err)
+		slow <- res
+	}()
+	<-inside
+	fast, err := l.Do(ctx, in, createOrder("acme", req), first)
+	require.NoError(t, err)
+	require.False(t, fast.Replayed, "the attempt that commits first wins")
+	close(release)
+	res := <-slow
+	require.True(t, res.Replayed, "the other replays it")
+	require.Equal(t, fast.Body, res.Body)
+	require.Equal(t, 1, countOrders(t, b.pool, "acme"), "the loser's order was rolled back")
+
+	// fn fails for an intent carried out before: the stored result answers.
+	res, err = l.Do(ctx, in, func(context.Context, pgx.Tx) (ledger.Response, error) {
+		return ledger.Response{}, errors.New("order exists")
+	}, first)
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.Equal(t, fast.Body, res.Body)
+}

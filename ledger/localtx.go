@@ -30,8 +30,11 @@ import (
 type localTx interface {
 	// q reads records: outside any transaction for ownTx, inside the caller's for callerTx.
 	q() querier
-	// begin prepares the claim of in and returns the transaction fn runs in.
-	begin(in Intent, lock int64) *pipeTx
+	// begin prepares the claim of in, none when optimistic, and returns the
+	// transaction fn runs in.
+	begin(in Intent, lock int64, optimistic bool) *pipeTx
+	// firstAttemptMode is how a first attempt (DoOpts.FirstAttempt) claims.
+	firstAttemptMode() claimMode
 	// end is the statement that makes the record and fn's writes final: COMMIT, or the
 	// release of the caller's savepoint.
 	end() string
@@ -72,14 +75,18 @@ type ownTx struct {
 
 func (o *ownTx) q() querier { return o.conn }
 
-func (o *ownTx) begin(in Intent, lock int64) *pipeTx {
+func (o *ownTx) begin(in Intent, lock int64, optimistic bool) *pipeTx {
+	if optimistic {
+		return newPipeTx(o.conn, true, -1)
+	}
 	return newPipeTx(o.conn, true, 0,
 		queued(o.l.q.claimLocal, o.l.claimArgs(in, lock)...),
 		queued("SAVEPOINT oncekit_fn"))
 }
 
-func (o *ownTx) end() string    { return "COMMIT" }
-func (o *ownTx) txStatus() byte { return o.conn.PgConn().TxStatus() }
+func (o *ownTx) firstAttemptMode() claimMode { return optimistic }
+func (o *ownTx) end() string                 { return "COMMIT" }
+func (o *ownTx) txStatus() byte              { return o.conn.PgConn().TxStatus() }
 
 func (o *ownTx) abort(ctx context.Context, p *pipeTx) error {
 	if o.conn.PgConn().TxStatus() == 'I' {
@@ -117,15 +124,18 @@ type callerTx struct {
 
 func (c *callerTx) q() querier { return c.outer }
 
-func (c *callerTx) begin(in Intent, lock int64) *pipeTx {
+// begin always claims: an optimistic attempt would find a concurrent one only at its
+// INSERT, and wait there as long as that attempt's transaction, the caller's, lasts.
+func (c *callerTx) begin(in Intent, lock int64, _ bool) *pipeTx {
 	return newPipeTx(c.outer, false, 1,
 		queued("SAVEPOINT oncekit_claim"),
 		queued(c.l.q.claimLocal, c.l.claimArgs(in, lock)...),
 		queued("SAVEPOINT oncekit_fn"))
 }
 
-func (c *callerTx) end() string    { return "RELEASE SAVEPOINT oncekit_claim" }
-func (c *callerTx) txStatus() byte { return c.outer.Conn().PgConn().TxStatus() }
+func (c *callerTx) firstAttemptMode() claimMode { return claimWithFirstStatement }
+func (c *callerTx) end() string                 { return "RELEASE SAVEPOINT oncekit_claim" }
+func (c *callerTx) txStatus() byte              { return c.outer.Conn().PgConn().TxStatus() }
 
 // abort rolls back to where DoTx began. Both statements travel as one simple-protocol
 // query, which an aborted transaction accepts: an extended-protocol batch would have

@@ -33,7 +33,7 @@ type pipeTx struct {
 	via     batchSender // the connection (own transaction) or the caller's transaction
 	beginTx bool        // whether the pipeline begins the transaction
 	prefix  []*pgx.QueuedQuery
-	claimAt int // index of the claim statement within prefix
+	claimAt int // index of the claim statement within prefix, or -1 for none
 
 	sent    bool
 	tx      pgx.Tx // the transaction, once sent
@@ -77,7 +77,7 @@ func (p *pipeTx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, erro
 	for i := range skip {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			if i == p.claimAt+boolInt(p.beginTx) && isRefusal(err) {
+			if p.claimAt >= 0 && i == p.claimAt+boolInt(p.beginTx) && isRefusal(err) {
 				p.refused = true
 				p.err = errClaimRefused
 			} else {

@@ -81,7 +81,7 @@ func newEnv(ctx context.Context, url string, conns int32, params map[string]stri
 //     first_lookup: looking for a stored result first (3); replay: a completed key (1).
 //   - naive: the look-then-insert guard many codebases write first.
 var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_lookup", "replay", "naive",
-	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol"}
+	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout"}
 
 // The probes explain the gap between first and floor_pipelined one variable at a time:
 // each is floor_pipelined with one more of the ledger's statements in its first round
@@ -92,6 +92,9 @@ var probes = map[string][]string{
 	"probe_lock":      {"SELECT pg_try_advisory_xact_lock($1)"},
 	"probe_claim":     {claimProbe},
 	"probe_protocol":  {claimProbe, "SAVEPOINT oncekit_fn"},
+	// The optimistic protocol's only statement beyond the floor: a bound on how long its
+	// record's INSERT waits for a concurrent attempt.
+	"probe_lock_timeout": {"SET LOCAL lock_timeout = 1000"},
 }
 
 const claimProbe = `SELECT 1 / CASE WHEN NOT pg_try_advisory_xact_lock($1) THEN 0
@@ -211,6 +214,7 @@ func (e *env) scenarios() []scenario {
 		{"probe_lock", e.probe("probe_lock")},
 		{"probe_claim", e.probe("probe_claim")},
 		{"probe_protocol", e.probe("probe_protocol")},
+		{"probe_lock_timeout", e.probe("probe_lock_timeout")},
 	}
 }
 
@@ -277,6 +281,7 @@ var ledgerRatios = [][3]string{
 	{"probe_claim_vs_floor", "probe_claim", "floor_pipelined"},
 	{"probe_protocol_vs_floor", "probe_protocol", "floor_pipelined"},
 	{"first_vs_probe_protocol", "first", "probe_protocol"},
+	{"probe_lock_timeout_vs_floor", "probe_lock_timeout", "floor_pipelined"},
 }
 
 // run measures on a fresh cluster per repetition (or a fresh schema, on DATABASE_URL),
