@@ -6,12 +6,12 @@ package pgsql
 import (
 	"context"
 	"errors"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // BeginScript begins a transaction on conn by running script (which starts with BEGIN)
@@ -46,9 +46,10 @@ func QuoteLiteral(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
 
-// Interval renders d as the text of a PostgreSQL interval, in microseconds.
-func Interval(d time.Duration) string {
-	return strconv.FormatInt(d.Microseconds(), 10) + " microseconds"
+// Interval is d as a PostgreSQL interval argument, in microseconds. It travels in
+// binary, so the server parses no text for it.
+func Interval(d time.Duration) pgtype.Interval {
+	return pgtype.Interval{Microseconds: d.Microseconds(), Valid: true}
 }
 
 // SQLSTATE codes oncekit acts on, named as in PostgreSQL's errcodes.txt.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/keys"
@@ -81,12 +82,11 @@ func newEnv(ctx context.Context, url string, conns int32, params map[string]stri
 //     first_lookup: looking for a stored result first (3); replay: a completed key (1).
 //   - naive: the look-then-insert guard many codebases write first.
 var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_lookup", "replay", "naive",
-	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout"}
+	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout", "floor_ledger_record"}
 
-// The probes explain the gap between first and floor_pipelined one variable at a time:
-// each is floor_pipelined with one more of the ledger's statements in its first round
-// trip (the savepoint, the advisory try-lock, the whole claim), and probe_protocol is
-// the ledger's exact statements sent by hand, without Do's Go code around them.
+// The probes price the statements a first execution could add to floor_pipelined, one
+// at a time: the savepoint, the advisory try-lock, the whole claim, claim and savepoint
+// (what a claimed first execution sends), and a bound on the record's wait.
 var probes = map[string][]string{
 	"probe_savepoint": {"SAVEPOINT oncekit_fn"},
 	"probe_lock":      {"SELECT pg_try_advisory_xact_lock($1)"},
@@ -155,6 +155,13 @@ func (e *env) pipelined(ctx context.Context, withRecord bool, extra ...string) e
 	return e.finishFloor(ctx, tx, withRecord)
 }
 
+// ledgerRecord is the ledger's own record INSERT (its parameters, its expressions and
+// its RETURNING), aimed at the floor's table: floor_ledger_record is floor_pipelined
+// with it, so first against it is Do's Go code alone.
+const ledgerRecord = `INSERT INTO floor_records (tenant, operation, key, fingerprint, state, status_code, body, resource_ref, attempts, created_at, updated_at, expires_at)
+	VALUES ($1, $2, $3, $5, 'completed', $7, $8, $9, 1, coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()) + $6::interval)
+	RETURNING created_at`
+
 // finishFloor commits, sending the floor's record with COMMIT when withRecord is set.
 // tx must be a connection's, not a pool's: a pool takes its connection back only when
 // its transaction is committed through pgx.
@@ -215,6 +222,31 @@ func (e *env) scenarios() []scenario {
 		{"probe_claim", e.probe("probe_claim")},
 		{"probe_protocol", e.probe("probe_protocol")},
 		{"probe_lock_timeout", e.probe("probe_lock_timeout")},
+		{"floor_ledger_record", func(ctx context.Context, _ int) error {
+			conn, err := e.pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{})
+			b.Queue(insertOrder)
+			br := conn.SendBatch(ctx, b)
+			tx := br.Tx()
+			if err := br.Close(); err != nil {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+			b = &pgx.Batch{}
+			b.Queue(ledgerRecord, "bench", "orders.create", uuid.NewString(), nil, string(e.fp),
+				pgtype.Interval{Microseconds: (30 * 24 * time.Hour).Microseconds(), Valid: true}, 201, []byte(`{"status":"created"}`), nil)
+			b.Queue("COMMIT")
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+			return nil
+		}},
 	}
 }
 
@@ -280,8 +312,9 @@ var ledgerRatios = [][3]string{
 	{"probe_lock_vs_floor", "probe_lock", "floor_pipelined"},
 	{"probe_claim_vs_floor", "probe_claim", "floor_pipelined"},
 	{"probe_protocol_vs_floor", "probe_protocol", "floor_pipelined"},
-	{"first_vs_probe_protocol", "first", "probe_protocol"},
 	{"probe_lock_timeout_vs_floor", "probe_lock_timeout", "floor_pipelined"},
+	{"floor_ledger_record_vs_floor", "floor_ledger_record", "floor_pipelined"},
+	{"first_vs_floor_ledger_record", "first", "floor_ledger_record"},
 }
 
 // run measures on a fresh cluster per repetition (or a fresh schema, on DATABASE_URL),

@@ -7,11 +7,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/oncekit/oncekit/internal/pgtest"
@@ -24,6 +26,41 @@ func main() {
 	if err := run(*quick, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
+	}
+}
+
+// repeatedGroup runs a group once per repetition on a fresh server and prints each of
+// its figures as the median over the repetitions, with their range.
+func repeatedGroup(server func(context.Context) (string, func(), error), reps int,
+	group func(url string) func(context.Context, io.Writer) error) func(context.Context, io.Writer) error {
+	return func(ctx context.Context, out io.Writer) error {
+		figures := repeated{}
+		var order []string
+		for range reps {
+			url, done, err := server(ctx)
+			if err != nil {
+				return err
+			}
+			var buf bytes.Buffer
+			err = group(url)(ctx, &buf)
+			done()
+			if err != nil {
+				return err
+			}
+			for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+				var name string
+				var v float64
+				if _, err := fmt.Sscanf(line, "metric %s %g", &name, &v); err != nil {
+					return fmt.Errorf("unexpected output %q", line)
+				}
+				if _, seen := figures[name]; !seen {
+					order = append(order, name)
+				}
+				figures.add(name, v)
+			}
+		}
+		figures.emit(func(s string) { fmt.Fprintln(out, s) }, order)
+		return nil
 	}
 }
 
@@ -64,8 +101,12 @@ func run(quick bool, only string) error {
 		run  func(context.Context, io.Writer) error
 	}{
 		{"ledger", ledgerBench{server: freshServer(url), reps: scale(4, 1), rounds: scale(60, 2), burst: 5}.run},
-		{"http", httpBench{url: url, rounds: scale(200, 2), opsPerRound: 5}.run},
-		{"messaging", messagingBench{url: url, rounds: scale(200, 2), opsPerRound: 5, dispatchN: scale(50000, 2000)}.run},
+		{"http", repeatedGroup(freshServer(url), scale(4, 1), func(url string) func(context.Context, io.Writer) error {
+			return httpBench{url: url, rounds: scale(200, 2), opsPerRound: 5}.run
+		})},
+		{"messaging", repeatedGroup(freshServer(url), scale(4, 1), func(url string) func(context.Context, io.Writer) error {
+			return messagingBench{url: url, rounds: scale(200, 2), opsPerRound: 5, dispatchN: scale(50000, 2000)}.run
+		})},
 		{"activity", activityBench{url: url, rounds: scale(15, 2)}.run},
 	}
 	for _, g := range groups {
