@@ -64,9 +64,8 @@ func TestDo_DefinitiveAfterSQLErrorIsStored(t *testing.T) {
 	t.Parallel()
 	setupModes(t, func(t *testing.T, l *ledger.Ledger, pool *pgxpool.Pool, b *testBundle) {
 		ctx := context.Background()
-		for _, first := range []bool{false, true} {
-			in := intent(t, "acme", "sku-"+map[bool]string{false: "lookup", true: "first"}[first]+"-"+t.Name(), "taken")
-			opts := &ledger.DoOpts{FirstAttempt: first}
+		for name, opts := range map[string]*ledger.DoOpts{"lookup": nil, "claim": {ClaimFirst: true}, "first": {FirstAttempt: true}} {
+			in := intent(t, "acme", "sku-"+name+"-"+t.Name(), "taken")
 			_, err := l.Do(ctx, in, insertSKU("taken"), opts)
 			var derr *ledger.DefinitiveError
 			require.ErrorAs(t, err, &derr)
@@ -406,4 +405,49 @@ func TestDo_FirstAttemptIsOptimistic(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Replayed)
 	require.Equal(t, fast.Body, res.Body)
+}
+
+// ClaimFirst claims before it looks: a first execution, a replay (whose rollback
+// travels with its read), a reused key and an in-flight duplicate all behave as without
+// it, in every exec mode on fresh connections.
+func TestDo_ClaimFirst(t *testing.T) {
+	t.Parallel()
+	setupModes(t, func(t *testing.T, l *ledger.Ledger, pool *pgxpool.Pool, b *testBundle) {
+		ctx := context.Background()
+		opts := &ledger.DoOpts{ClaimFirst: true}
+		in := intent(t, "acme", "cf-"+t.Name(), "pen")
+		first, err := l.Do(ctx, in, insertSKU("cf-"+t.Name()), opts)
+		require.NoError(t, err)
+		require.False(t, first.Replayed)
+		for range 3 {
+			res, err := l.Do(ctx, in, func(context.Context, pgx.Tx) (ledger.Response, error) {
+				t.Error("fn ran for a completed key")
+				return ledger.Response{}, nil
+			}, opts)
+			require.NoError(t, err)
+			require.True(t, res.Replayed)
+			require.Equal(t, first.Body, res.Body)
+		}
+		other := intent(t, "acme", "cf-"+t.Name(), "another pen")
+		_, err = l.Do(ctx, other, insertSKU("x"), opts)
+		require.ErrorIs(t, err, ledger.ErrFingerprintMismatch)
+
+		held := intent(t, "acme", "cf-held-"+t.Name(), "pen")
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = l.DoTx(ctx, tx, held, insertSKU("cf-held-"+t.Name()), nil)
+		require.NoError(t, err)
+		_, err = l.Do(ctx, held, insertSKU("never"), opts)
+		require.ErrorIs(t, err, ledger.ErrInProgress, "fail fast while the first is in flight")
+		go func() {
+			time.Sleep(100 * time.Millisecond)
+			_ = tx.Commit(ctx)
+		}()
+		res, err := l.Do(ctx, held, insertSKU("never"), &ledger.DoOpts{ClaimFirst: true, Wait: 10 * time.Second})
+		require.NoError(t, err)
+		require.True(t, res.Replayed, "a waiting duplicate replays")
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM skus WHERE sku = 'never'").Scan(&n))
+		require.Equal(t, 0, n)
+	})
 }

@@ -30,9 +30,8 @@ import (
 type localTx interface {
 	// q reads records: outside any transaction for ownTx, inside the caller's for callerTx.
 	q() querier
-	// begin prepares the claim of in, none when optimistic, and returns the
-	// transaction fn runs in.
-	begin(in Intent, lock int64, optimistic bool) *pipeTx
+	// begin prepares the claim of in for mode and returns the transaction fn runs in.
+	begin(in Intent, lock int64, mode claimMode) *pipeTx
 	// firstAttemptMode is how a first attempt (DoOpts.FirstAttempt) claims.
 	firstAttemptMode() claimMode
 	// end is the statement that makes the record and fn's writes final: COMMIT, or the
@@ -69,15 +68,63 @@ func (l *Ledger) claimArgs(in Intent, lock int64) []any {
 
 // ownTx is the ledger's own transaction on a pooled connection.
 type ownTx struct {
-	l    *Ledger
-	conn *pgx.Conn
+	l           *Ledger
+	conn        *pgx.Conn
+	rollbackDue bool // a refused claim's healthy transaction, rolled back with the next read
 }
 
-func (o *ownTx) q() querier { return o.conn }
+// rollbackFirst is a connection whose next read first rolls back the transaction it is
+// in, in the same round trip.
+type rollbackFirst struct{ *pgx.Conn }
 
-func (o *ownTx) begin(in Intent, lock int64, optimistic bool) *pipeTx {
-	if optimistic {
+func (r rollbackFirst) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	b := &pgx.Batch{}
+	b.Queue("ROLLBACK")
+	b.Queue(sql, args...)
+	br := r.Conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return errRow{err}
+	}
+	return closingRow{row: br.QueryRow(), br: br}
+}
+
+// closingRow closes its batch once scanned.
+type closingRow struct {
+	row pgx.Row
+	br  pgx.BatchResults
+}
+
+func (r closingRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// q reads records on the connection; after a refused claim the rollback of its
+// transaction travels in the same round trip as the read.
+func (o *ownTx) q() querier {
+	if o.rollbackDue {
+		o.rollbackDue = false
+		return rollbackFirst{o.conn}
+	}
+	return o.conn
+}
+
+func (o *ownTx) begin(in Intent, lock int64, mode claimMode) *pipeTx {
+	switch mode {
+	case optimistic:
 		return newPipeTx(o.conn, true, -1)
+	case claimFirst:
+		p := newPipeTx(o.conn, true, 0, queued(o.l.q.claimCheck, o.l.claimArgs(in, lock)...), queued("SAVEPOINT oncekit_fn"))
+		p.checked = true
+		return p
 	}
 	return newPipeTx(o.conn, true, 0,
 		queued(o.l.q.claimLocal, o.l.claimArgs(in, lock)...),
@@ -90,6 +137,11 @@ func (o *ownTx) txStatus() byte              { return o.conn.PgConn().TxStatus()
 
 func (o *ownTx) abort(ctx context.Context, p *pipeTx) error {
 	if o.conn.PgConn().TxStatus() == 'I' {
+		return nil
+	}
+	if p != nil && p.refused && p.checked && o.conn.PgConn().TxStatus() == 'T' {
+		// The record decides next, so the rollback waits to travel with its lookup.
+		o.rollbackDue = true
 		return nil
 	}
 	// ROLLBACK without arguments travels with the simple protocol, which an aborted
@@ -126,7 +178,15 @@ func (c *callerTx) q() querier { return c.outer }
 
 // begin always claims: an optimistic attempt would find a concurrent one only at its
 // INSERT, and wait there as long as that attempt's transaction, the caller's, lasts.
-func (c *callerTx) begin(in Intent, lock int64, _ bool) *pipeTx {
+func (c *callerTx) begin(in Intent, lock int64, mode claimMode) *pipeTx {
+	if mode == claimFirst {
+		p := newPipeTx(c.outer, false, 1,
+			queued("SAVEPOINT oncekit_claim"),
+			queued(c.l.q.claimCheck, c.l.claimArgs(in, lock)...),
+			queued("SAVEPOINT oncekit_fn"))
+		p.checked = true
+		return p
+	}
 	return newPipeTx(c.outer, false, 1,
 		queued("SAVEPOINT oncekit_claim"),
 		queued(c.l.q.claimLocal, c.l.claimArgs(in, lock)...),

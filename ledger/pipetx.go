@@ -34,6 +34,8 @@ type pipeTx struct {
 	beginTx bool        // whether the pipeline begins the transaction
 	prefix  []*pgx.QueuedQuery
 	claimAt int // index of the claim statement within prefix, or -1 for none
+	// checked is set when the claim answers true or false instead of failing.
+	checked bool
 
 	sent    bool
 	tx      pgx.Tx // the transaction, once sent
@@ -75,6 +77,20 @@ func (p *pipeTx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, erro
 		p.tx = br.Tx()
 	}
 	for i := range skip {
+		if p.checked && p.claimAt >= 0 && i == p.claimAt+boolInt(p.beginTx) {
+			var ok bool
+			if err := br.QueryRow().Scan(&ok); err != nil {
+				_ = br.Close()
+				p.err = err
+				return nil, err
+			}
+			if !ok {
+				_ = br.Close()
+				p.refused, p.err = true, errClaimRefused
+				return nil, p.err
+			}
+			continue
+		}
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			if p.claimAt >= 0 && i == p.claimAt+boolInt(p.beginTx) && isRefusal(err) {

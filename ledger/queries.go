@@ -27,6 +27,7 @@ type queries struct {
 	// The local mode claims with claimLocal, which fails with division_by_zero when the
 	// key is taken, and removes an expired record with deleteExpired.
 	claimLocal    string
+	claimCheck    string
 	deleteExpired string
 	// The local mode inserts its record, with the result, just before it commits.
 	insertCompleted string
@@ -67,6 +68,14 @@ func newQueries(schema string) queries {
 				WHEN EXISTS (SELECT 1 FROM ` + t + ` WHERE tenant = $2 AND operation = $3 AND key = $4
 					AND expires_at > coalesce($5::timestamptz, now())) THEN 0
 				ELSE 1 END`,
+		// The same claim answering true or false, for a claim sent before fn runs: a
+		// refusal then leaves the transaction healthy, so its rollback can travel with
+		// the lookup that follows.
+		claimCheck: `SELECT CASE
+				WHEN NOT pg_try_advisory_xact_lock($1) THEN false
+				WHEN EXISTS (SELECT 1 FROM ` + t + ` WHERE tenant = $2 AND operation = $3 AND key = $4
+					AND expires_at > coalesce($5::timestamptz, now())) THEN false
+				ELSE true END`,
 		deleteExpired: `DELETE FROM ` + t + ` WHERE ` + pk + ` AND expires_at <= ` + now,
 		// $5 fingerprint, $6 retention, then the result.
 		insertCompleted: insertFinal("completed", "status_code, body, resource_ref", "$7, $8, $9"),

@@ -78,10 +78,12 @@ func newEnv(ctx context.Context, url string, conns int32, params map[string]stri
 //   - floor: bare plus one row of the ledger record's shape sent with COMMIT (3);
 //     floor_pipelined: the same with BEGIN pipelined (2). No dedup logic at all: the
 //     least any ledger can cost at those round trips.
-//   - first: a guarded first execution claiming at once (FirstAttempt, 2 round trips);
-//     first_lookup: looking for a stored result first (3); replay: a completed key (1).
+//   - first: a guarded first execution (FirstAttempt: optimistic, 2 round trips);
+//     first_lookup: looking for a stored result first, then claiming (4); first_claim:
+//     claiming first (ClaimFirst, 3); replay: a completed key (1); replay_claim: the
+//     same with ClaimFirst (2).
 //   - naive: the look-then-insert guard many codebases write first.
-var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_lookup", "replay", "naive",
+var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_lookup", "first_claim", "replay", "replay_claim", "naive",
 	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout", "floor_ledger_record"}
 
 // The probes price the statements a first execution could add to floor_pipelined, one
@@ -209,6 +211,17 @@ func (e *env) scenarios() []scenario {
 			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, nil)
 			return err
 		}},
+		{"first_claim", func(ctx context.Context, _ int) error {
+			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{ClaimFirst: true})
+			return err
+		}},
+		{"replay_claim", func(ctx context.Context, i int) error {
+			res, err := e.ledger.Do(ctx, e.intent(e.replay[i%len(e.replay)]), e.mutation, &ledger.DoOpts{ClaimFirst: true})
+			if err == nil && !res.Replayed {
+				err = fmt.Errorf("replay scenario ran the mutation")
+			}
+			return err
+		}},
 		{"replay", func(ctx context.Context, i int) error {
 			res, err := e.ledger.Do(ctx, e.intent(e.replay[i%len(e.replay)]), e.mutation, nil)
 			if err == nil && !res.Replayed {
@@ -304,6 +317,8 @@ var ledgerRatios = [][3]string{
 	{"first_vs_floor", "first", "floor_pipelined"},
 	{"first_lookup_vs_bare", "first_lookup", "bare"},
 	{"first_lookup_vs_floor", "first_lookup", "floor"},
+	{"first_claim_vs_bare", "first_claim", "bare"},
+	{"replay_claim_vs_first_claim", "replay_claim", "first_claim"},
 	{"floor_vs_bare", "floor", "bare"},
 	{"bare_pipelined_vs_bare", "bare_pipelined", "bare"},
 	{"replay_vs_first", "replay", "first"},
