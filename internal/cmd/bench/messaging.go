@@ -28,7 +28,8 @@ type messagingBench struct {
 
 func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 	emit := func(name string, v float64) { fmt.Fprintf(out, "metric %s %.4g\n", name, v) }
-	pool, err := freshSchema(ctx, b.url, messagingSchema, `CREATE TABLE entries (id bigserial PRIMARY KEY, amount bigint NOT NULL)`)
+	pool, err := freshSchema(ctx, b.url, messagingSchema, `CREATE TABLE entries (id bigserial PRIMARY KEY, amount bigint NOT NULL);
+		CREATE TABLE inbox_floor (LIKE inbox_messages INCLUDING ALL)`)
 	if err != nil {
 		return err
 	}
@@ -63,6 +64,30 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 			_, err := ib.Handle(ctx, "bench", uuid.NewString(), func(ctx context.Context, tx pgx.Tx) error { return write(ctx, tx) })
 			return err
 		}},
+		// The floor of any inbox: the bare transaction plus one row shaped like an inbox
+		// record, sent with BEGIN, with no dedup logic.
+		{"inbox_floor", func(context.Context, int) error {
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{})
+			b.Queue(`INSERT INTO inbox_floor (subscriber, message_id, received_at, expires_at) VALUES ('bench', $1, now(), now() + interval '14 days')`,
+				uuid.NewString())
+			br := conn.SendBatch(ctx, b)
+			tx := br.Tx()
+			if err := br.Close(); err != nil {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+			if err := write(ctx, tx); err != nil {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+			return tx.Commit(ctx)
+		}},
 	})
 	if err != nil {
 		return err
@@ -70,6 +95,8 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 	bare := lat["bare"]
 	emit("outbox.enqueue_vs_bare", lat["enqueue"]/bare)
 	emit("inbox.handle_vs_bare", lat["inbox"]/bare)
+	emit("inbox.floor_vs_bare", lat["inbox_floor"]/bare)
+	emit("inbox.handle_vs_floor", lat["inbox"]/lat["inbox_floor"])
 
 	// Dispatch throughput: fill the outbox, then drain it with a no-op publisher.
 	if _, err := pool.Exec(ctx, `TRUNCATE outbox_events`); err != nil {
