@@ -128,8 +128,8 @@ func (e *env) bare(ctx context.Context, _ int) error {
 }
 
 // pipelined runs [BEGIN, extra statements, INSERT] in one round trip and then the end
-// of the transaction: COMMIT alone, or the floor's record with COMMIT.
-func (e *env) pipelined(ctx context.Context, withRecord bool, extra ...string) error {
+// of the transaction: COMMIT alone, or a record with COMMIT.
+func (e *env) pipelined(ctx context.Context, record *pgx.QueuedQuery, extra ...string) error {
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -154,7 +154,18 @@ func (e *env) pipelined(ctx context.Context, withRecord bool, extra ...string) e
 		_ = tx.Rollback(ctx)
 		return err
 	}
-	return e.finishFloor(ctx, tx, withRecord)
+	return finishFloor(ctx, tx, record)
+}
+
+// floorRecord is one row shaped like a ledger record, for the floor scenarios.
+func (e *env) floorRecord() *pgx.QueuedQuery {
+	return &pgx.QueuedQuery{SQL: insertFloorRecord, Arguments: []any{uuid.NewString(), string(e.fp), []byte(`{"status":"created"}`)}}
+}
+
+// ledgerFloorRecord is the ledger's own record statement aimed at the floor's table.
+func (e *env) ledgerFloorRecord() *pgx.QueuedQuery {
+	return &pgx.QueuedQuery{SQL: ledgerRecord, Arguments: []any{"bench", "orders.create", uuid.NewString(), nil, string(e.fp),
+		pgtype.Interval{Microseconds: (30 * 24 * time.Hour).Microseconds(), Valid: true}, 201, []byte(`{"status":"created"}`), nil}}
 }
 
 // ledgerRecord is the ledger's own record INSERT (its parameters, its expressions and
@@ -164,15 +175,14 @@ const ledgerRecord = `INSERT INTO floor_records (tenant, operation, key, fingerp
 	VALUES ($1, $2, $3, $5, 'completed', $7, $8, $9, 1, coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()) + $6::interval)
 	RETURNING created_at`
 
-// finishFloor commits, sending the floor's record with COMMIT when withRecord is set.
-// tx must be a connection's, not a pool's: a pool takes its connection back only when
-// its transaction is committed through pgx.
-func (e *env) finishFloor(ctx context.Context, tx pgx.Tx, withRecord bool) error {
-	if !withRecord {
+// finishFloor commits, sending record with COMMIT when it is not nil. tx must be a
+// connection's, not a pool's: a pool takes its connection back only when its
+// transaction is committed through pgx.
+func finishFloor(ctx context.Context, tx pgx.Tx, record *pgx.QueuedQuery) error {
+	if record == nil {
 		return tx.Commit(ctx)
 	}
-	b := &pgx.Batch{}
-	b.Queue(insertFloorRecord, uuid.NewString(), string(e.fp), []byte(`{"status":"created"}`))
+	b := &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{record}}
 	b.Queue("COMMIT")
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		_ = tx.Rollback(ctx)
@@ -185,7 +195,7 @@ func (e *env) scenarios() []scenario {
 	return []scenario{
 		{"bare", e.bare},
 		{"bare_again", e.bare},
-		{"bare_pipelined", func(ctx context.Context, _ int) error { return e.pipelined(ctx, false) }},
+		{"bare_pipelined", func(ctx context.Context, _ int) error { return e.pipelined(ctx, nil) }},
 		{"floor", func(ctx context.Context, _ int) error {
 			conn, err := e.pool.Acquire(ctx)
 			if err != nil {
@@ -200,9 +210,9 @@ func (e *env) scenarios() []scenario {
 				_ = tx.Rollback(ctx)
 				return err
 			}
-			return e.finishFloor(ctx, tx, true)
+			return finishFloor(ctx, tx, e.floorRecord())
 		}},
-		{"floor_pipelined", func(ctx context.Context, _ int) error { return e.pipelined(ctx, true) }},
+		{"floor_pipelined", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.floorRecord()) }},
 		{"first", func(ctx context.Context, _ int) error {
 			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{FirstAttempt: true})
 			return err
@@ -235,36 +245,12 @@ func (e *env) scenarios() []scenario {
 		{"probe_claim", e.probe("probe_claim")},
 		{"probe_protocol", e.probe("probe_protocol")},
 		{"probe_lock_timeout", e.probe("probe_lock_timeout")},
-		{"floor_ledger_record", func(ctx context.Context, _ int) error {
-			conn, err := e.pool.Acquire(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Release()
-			b := &pgx.Batch{}
-			b.BeginTx(pgx.TxOptions{})
-			b.Queue(insertOrder)
-			br := conn.SendBatch(ctx, b)
-			tx := br.Tx()
-			if err := br.Close(); err != nil {
-				_ = tx.Rollback(ctx)
-				return err
-			}
-			b = &pgx.Batch{}
-			b.Queue(ledgerRecord, "bench", "orders.create", uuid.NewString(), nil, string(e.fp),
-				pgtype.Interval{Microseconds: (30 * 24 * time.Hour).Microseconds(), Valid: true}, 201, []byte(`{"status":"created"}`), nil)
-			b.Queue("COMMIT")
-			if err := tx.SendBatch(ctx, b).Close(); err != nil {
-				_ = tx.Rollback(ctx)
-				return err
-			}
-			return nil
-		}},
+		{"floor_ledger_record", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.ledgerFloorRecord()) }},
 	}
 }
 
 func (e *env) probe(name string) func(context.Context, int) error {
-	return func(ctx context.Context, _ int) error { return e.pipelined(ctx, true, probes[name]...) }
+	return func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.floorRecord(), probes[name]...) }
 }
 
 // naive is the guard many codebases write first: look, begin, insert, lock, mutate,

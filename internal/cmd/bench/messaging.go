@@ -109,29 +109,37 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE outbox_events`); err != nil {
 		return err
 	}
-	d, err := outbox.NewDispatcher(ob, outbox.PublisherFunc(func(context.Context, outbox.Event) error { return nil }),
-		&outbox.DispatcherConfig{BatchSize: 1000})
+	perSec, err := drainRate(ctx, ob, &outbox.DispatcherConfig{BatchSize: 1000}, b.dispatchN)
 	if err != nil {
 		return err
+	}
+	emit("outbox.dispatch_per_s", perSec)
+	return b.orderedDrain(ctx, pool, ob, payload, emit)
+}
+
+// drainRate drains the outbox with a no-op publisher and returns the events published
+// per second; want is how many must be published.
+func drainRate(ctx context.Context, ob *outbox.Outbox, cfg *outbox.DispatcherConfig, want int) (float64, error) {
+	d, err := outbox.NewDispatcher(ob, outbox.PublisherFunc(func(context.Context, outbox.Event) error { return nil }), cfg)
+	if err != nil {
+		return 0, err
 	}
 	start := time.Now()
 	total := 0
 	for {
 		n, err := d.DispatchOnce(ctx)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if n == 0 {
 			break
 		}
 		total += n
 	}
-	took := time.Since(start)
-	if total != b.dispatchN {
-		return fmt.Errorf("dispatched %d of %d events", total, b.dispatchN)
+	if total != want {
+		return 0, fmt.Errorf("dispatched %d of %d events", total, want)
 	}
-	emit("outbox.dispatch_per_s", float64(total)/took.Seconds())
-	return b.orderedDrain(ctx, pool, ob, payload, emit)
+	return float64(total) / time.Since(start).Seconds(), nil
 }
 
 // orderedDrain measures how fast an ordered dispatcher drains a backlog of one key.
@@ -141,26 +149,10 @@ func (b messagingBench) orderedDrain(ctx context.Context, pool *pgxpool.Pool, ob
 		SELECT gen_random_uuid(), 'entries', 'one-key', $1::bytea FROM generate_series(1, $2)`, payload, n); err != nil {
 		return err
 	}
-	d, err := outbox.NewDispatcher(ob, outbox.PublisherFunc(func(context.Context, outbox.Event) error { return nil }),
-		&outbox.DispatcherConfig{Ordered: true})
+	perSec, err := drainRate(ctx, ob, &outbox.DispatcherConfig{Ordered: true}, n)
 	if err != nil {
-		return err
+		return fmt.Errorf("ordered drain: %w", err)
 	}
-	start := time.Now()
-	total := 0
-	for {
-		got, err := d.DispatchOnce(ctx)
-		if err != nil {
-			return err
-		}
-		if got == 0 {
-			break
-		}
-		total += got
-	}
-	if total != n {
-		return fmt.Errorf("ordered drain: dispatched %d of %d events", total, n)
-	}
-	emit("outbox.ordered_drain_per_s", float64(total)/time.Since(start).Seconds())
+	emit("outbox.ordered_drain_per_s", perSec)
 	return nil
 }
