@@ -92,6 +92,31 @@ func newGuard(ctx context.Context, req any, opts *Opts) (*guard, error) {
 	if opts != nil {
 		o = *opts
 	}
+	g, err := resolve(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	key := o.Key
+	if key == "" {
+		key, _ = keys.KeyFrom(ctx)
+	}
+	g.derived = key == ""
+	if g.derived {
+		if key, err = KeyFor(ctx, o.Strategy); err != nil {
+			return nil, invalid(err)
+		}
+	}
+	fp, err := keys.FingerprintJSON(req)
+	if err != nil {
+		return nil, invalid(err)
+	}
+	g.in.Key, g.in.Fingerprint = key, fp
+	return g, nil
+}
+
+// resolve finds what every guard needs from the activity's context and o: the ledger,
+// the scope and the waiting options. The key and fingerprint are left to the caller.
+func resolve(ctx context.Context, o Opts) (*guard, error) {
 	if !tactivity.IsActivity(ctx) {
 		return nil, invalid(ErrNotActivity)
 	}
@@ -114,23 +139,8 @@ func newGuard(ctx context.Context, req any, opts *Opts) (*guard, error) {
 	if op == "" {
 		op = info.ActivityType.Name
 	}
-	key := o.Key
-	if key == "" {
-		key, _ = keys.KeyFrom(ctx)
-	}
-	derived := key == ""
-	if derived {
-		var err error
-		if key, err = KeyFor(ctx, o.Strategy); err != nil {
-			return nil, invalid(err)
-		}
-	}
-	fp, err := keys.FingerprintJSON(req)
-	if err != nil {
-		return nil, invalid(err)
-	}
-	g := &guard{l: l, info: info, wait: o.Wait, purpose: o.Purpose, derived: derived,
-		in: ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: op}, Key: key, Fingerprint: fp}}
+	g := &guard{l: l, info: info, wait: o.Wait, purpose: o.Purpose,
+		in: ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: op}}}
 	if g.wait == 0 {
 		g.wait = WaitDefault
 	}
@@ -151,6 +161,10 @@ func (g *guard) waitLoop(ctx context.Context, try func(wait time.Duration) error
 		slice = min(slice, hb/2)
 	}
 	deadline := time.Now().Add(g.wait)
+	if d := g.info.Deadline; !d.IsZero() && d.Add(-time.Second).Before(deadline) {
+		// Answer before the attempt times out, so the retry is scheduled at once.
+		deadline = d.Add(-time.Second)
+	}
 	for {
 		left := time.Until(deadline)
 		err := try(max(min(slice, left), 0))
@@ -175,9 +189,10 @@ func decode[Resp any](body []byte) (Resp, error) {
 	return r, nil
 }
 
-// invalid marks an error no retry can fix.
+// invalid marks an error no retry can fix. The error's text becomes the message and is
+// not repeated as a cause, so it appears once in the workflow's error.
 func invalid(err error) error {
-	return temporal.NewApplicationErrorWithOptions(err.Error(), ErrTypeInvalid, temporal.ApplicationErrorOptions{NonRetryable: true, Cause: err})
+	return temporal.NewApplicationErrorWithOptions(err.Error(), ErrTypeInvalid, temporal.ApplicationErrorOptions{NonRetryable: true})
 }
 
 // toTemporal maps ledger outcomes to Temporal errors; other errors pass through.
@@ -196,11 +211,11 @@ func toTemporal(err error) error {
 			NonRetryable: true, Details: []any{derr.Code, derr.Message, derr.Replayed}})
 	case errors.As(err, &mm):
 		return temporal.NewApplicationErrorWithOptions(mm.Error(), ErrTypeKeyReused, temporal.ApplicationErrorOptions{
-			NonRetryable: true, Cause: err, Details: []any{string(mm.Key), mm.Scope.Tenant, mm.Scope.Operation}})
+			NonRetryable: true, Details: []any{string(mm.Key), mm.Scope.Tenant, mm.Scope.Operation}})
 	case errors.Is(err, ledger.ErrInProgress):
-		return temporal.NewApplicationErrorWithOptions(err.Error(), ErrTypeInProgress, temporal.ApplicationErrorOptions{Cause: err})
+		return temporal.NewApplicationError(err.Error(), ErrTypeInProgress)
 	case errors.Is(err, ledger.ErrLeaseLost):
-		return temporal.NewApplicationErrorWithOptions(err.Error(), ErrTypeLeaseLost, temporal.ApplicationErrorOptions{Cause: err})
+		return temporal.NewApplicationError(err.Error(), ErrTypeLeaseLost)
 	case errors.As(err, &ve), errors.Is(err, ledger.ErrBodyTooLarge), errors.Is(err, ledger.ErrNilFunc), errors.Is(err, ledger.ErrManagedTx):
 		return invalid(err)
 	}

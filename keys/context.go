@@ -20,7 +20,32 @@ var (
 	// propagator carries it to that activity only, never to a child workflow. Package
 	// saga keys its steps and compensations this way.
 	KeyContextKey = &contextKey{"key"}
+	// StepContextKey carries the [Step] that a saga compensation undoes; the propagator
+	// carries it to that activity only. Package saga sets it, and package activity reads
+	// the step's stored result through it.
+	StepContextKey = &contextKey{"step"}
 )
+
+// Step names the saga step a compensation undoes.
+type Step struct {
+	// Key is the step's key.
+	Key Key `json:"key"`
+	// Operation is the name the step's activity ran under, its operation; empty when the
+	// step named its activity by function rather than by registered name.
+	Operation string `json:"operation,omitempty"`
+}
+
+// WithStep returns a copy of ctx carrying s, as a compensation's context carries the
+// step it undoes.
+func WithStep(ctx context.Context, s Step) context.Context {
+	return context.WithValue(ctx, StepContextKey, s)
+}
+
+// StepFrom returns the step carried by ctx, a Go or a workflow context.
+func StepFrom(ctx Valuer) (Step, bool) {
+	s, ok := ctx.Value(StepContextKey).(Step)
+	return s, ok && s.Key != ""
+}
 
 // Valuer is what both context.Context and Temporal's workflow.Context offer.
 type Valuer interface {

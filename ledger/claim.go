@@ -23,6 +23,12 @@ type ClaimOpts struct {
 	// Retention overrides how long the record is kept. Defaults to the operation's
 	// retention from [Config].
 	Retention time.Duration
+	// Token is the token to claim with. Defaults to a random one. An owner that can lose
+	// track of its own claim, such as a workflow run whose activity completed the claim
+	// but whose completion was lost, passes a token derived from its identity: a claim
+	// that finds a pending record with a live lease under the same token resumes that
+	// lease instead of waiting for it.
+	Token uuid.UUID
 }
 
 // Lease is an owned claim on a key in the external-effect mode. Only the holder of the
@@ -89,13 +95,21 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 	if err := ctx.Err(); err != nil {
 		return ClaimResult{}, err
 	}
+	if o.Token != uuid.Nil {
+		if res, ok, err := l.resume(ctx, q, in, o.Token); ok || err != nil {
+			return res, err
+		}
+	}
 	start := time.Now()
 	for try := 0; ; try++ {
 		res, free, err := l.settleQ(ctx, q, in, o.Wait, start)
 		if free == notFree {
 			return ClaimResult{Result: res}, err
 		}
-		token := uuid.New()
+		token := o.Token
+		if token == uuid.Nil {
+			token = uuid.New()
+		}
 		lease := &Lease{Intent: in, Token: token}
 		var createdAt time.Time
 		err = q.QueryRow(ctx, l.q.claim, in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(),
@@ -113,6 +127,21 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 			return ClaimResult{}, &InProgressError{Scope: in.Scope, Key: in.Key, Waited: time.Since(start)}
 		}
 	}
+}
+
+// resume returns the lease of a pending record that token owns and whose lease is live.
+func (l *Ledger) resume(ctx context.Context, q querier, in Intent, token uuid.UUID) (ClaimResult, bool, error) {
+	rec, err := l.lookup(ctx, q, in.Scope, in.Key)
+	if err != nil {
+		return ClaimResult{}, false, fmt.Errorf("oncekit/ledger: read %s in %s: %w", quoteKey(in.Key), in.Scope, err)
+	}
+	if rec == nil || rec.Expired || rec.State != StatePending || rec.LeaseExpired ||
+		rec.OwnerToken != token || rec.Fingerprint != in.Fingerprint {
+		return ClaimResult{}, false, nil
+	}
+	lease := &Lease{Intent: in, Token: token, Until: rec.LeaseUntil, Attempt: rec.Attempts,
+		Redrive: rec.Attempts > 1, Uncertain: rec.Uncertain}
+	return ClaimResult{Lease: lease, Result: Result{Attempts: rec.Attempts, CreatedAt: rec.CreatedAt}}, true, nil
 }
 
 // Complete stores the external call's response and ends the lease. It returns a

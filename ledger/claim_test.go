@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekit/oncekit/ledger"
@@ -193,4 +194,46 @@ func TestClaim_RaceForExpiredLease(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, int32(1), wins.Load())
 	require.Equal(t, int32(31), busy.Load())
+}
+
+// An owner that claims with its own token finds its live claim again instead of waiting
+// for itself; any other owner still waits, and a finished key replays for everyone.
+func TestClaim_TokenResumesOwnClaim(t *testing.T) {
+	t.Parallel()
+	l, b := setup(t, nil)
+	ctx := context.Background()
+	in := intent(t, "acme", "saga-1", order{Item: "saga", Amount: 1})
+	token := uuid.New()
+
+	first, err := l.Claim(ctx, in, &ledger.ClaimOpts{Lease: time.Hour, Token: token})
+	require.NoError(t, err)
+	require.NotNil(t, first.Lease)
+	require.Equal(t, token, first.Lease.Token)
+
+	again, err := l.Claim(ctx, in, &ledger.ClaimOpts{Lease: time.Hour, Token: token})
+	require.NoError(t, err)
+	require.NotNil(t, again.Lease, "the same token resumes its own live claim")
+	require.Equal(t, 1, again.Lease.Attempt)
+	require.False(t, again.Lease.Redrive)
+	require.Equal(t, first.Lease.Until, again.Lease.Until)
+
+	_, err = l.Claim(ctx, in, &ledger.ClaimOpts{Token: uuid.New()})
+	require.ErrorIs(t, err, ledger.ErrInProgress, "another token waits for the live claim")
+	_, err = l.Claim(ctx, in, nil)
+	require.ErrorIs(t, err, ledger.ErrInProgress)
+
+	// Once its lease ran out, the key is taken over like any other, token or not.
+	b.clock.Advance(2 * time.Hour)
+	taken, err := l.Claim(ctx, in, &ledger.ClaimOpts{Lease: time.Hour, Token: token})
+	require.NoError(t, err)
+	require.True(t, taken.Lease.Redrive)
+	require.Equal(t, 2, taken.Lease.Attempt)
+
+	_, err = l.Complete(ctx, again.Lease, ledger.Response{Body: []byte(`"done"`)})
+	require.NoError(t, err, "the token still owns the record")
+	replay, err := l.Claim(ctx, in, &ledger.ClaimOpts{Token: token})
+	require.NoError(t, err)
+	require.Nil(t, replay.Lease)
+	require.True(t, replay.Result.Replayed)
+	require.Equal(t, `"done"`, string(replay.Result.Body))
 }

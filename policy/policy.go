@@ -2,6 +2,15 @@
 // the Temporal ApplicationError types oncekit activities return, and retry defaults that
 // do not retry the errors a retry cannot fix.
 //
+// Which policy where:
+//
+//   - a plain guarded activity: [ActivityOptions], [RetryPolicy] (unlimited attempts; a
+//     retry of a guarded activity is safe and replays);
+//   - a saga's forward step: [StepOptions], [StepRetryPolicy] (bounded, so a step that
+//     keeps failing ends in compensation);
+//   - a compensation: [CompensationOptions], [CompensationRetryPolicy] (bounded by a long
+//     deadline, not by attempts, so it outlives an outage).
+//
 // It is deterministic and imports neither pgx nor the ledger, so workflow code can use
 // it. Package activity re-exports the constants.
 package policy
@@ -52,6 +61,52 @@ func RetryPolicy(extraNonRetryable ...string) *temporal.RetryPolicy {
 		MaximumInterval:        MaxIntervalDefault,
 		NonRetryableErrorTypes: append(NonRetryableErrorTypes(), extraNonRetryable...),
 	}
+}
+
+// Defaults of the saga policies.
+const (
+	// StepMaxAttemptsDefault bounds the attempts of a saga step: about five minutes of
+	// backoff, after which the step counts as failed and the saga compensates, so a
+	// customer gets an answer instead of a workflow that retries forever.
+	StepMaxAttemptsDefault = 10
+	// CompensationDeadlineDefault bounds how long a compensation keeps retrying (its
+	// ScheduleToCloseTimeout): long enough to outlive any outage of the database or a
+	// provider, short enough that a compensation that can never succeed ends the
+	// workflow with an error an operator sees.
+	CompensationDeadlineDefault = 24 * time.Hour
+)
+
+// StepRetryPolicy returns [RetryPolicy] bounded to [StepMaxAttemptsDefault] attempts:
+// the policy of a saga's forward steps. A step that keeps failing with a retryable error
+// then fails, and the saga compensates.
+func StepRetryPolicy(extraNonRetryable ...string) *temporal.RetryPolicy {
+	p := RetryPolicy(extraNonRetryable...)
+	p.MaximumAttempts = StepMaxAttemptsDefault
+	return p
+}
+
+// CompensationRetryPolicy returns [RetryPolicy], unlimited attempts with backoff capped
+// at [MaxIntervalDefault]: the policy of compensations, which must outlive an outage
+// rather than give up after a few refused connections. Bound them by time instead, with
+// a ScheduleToCloseTimeout such as [CompensationDeadlineDefault] (see
+// [CompensationOptions]). Steps and compensations differ on purpose: a step that gives up
+// is compensated, a compensation that gives up leaves money or stock out of balance.
+func CompensationRetryPolicy(extraNonRetryable ...string) *temporal.RetryPolicy {
+	return RetryPolicy(extraNonRetryable...)
+}
+
+// StepOptions returns the activity options of a saga step: startToClose per attempt
+// and [StepRetryPolicy].
+func StepOptions(startToClose time.Duration) workflow.ActivityOptions {
+	return workflow.ActivityOptions{StartToCloseTimeout: startToClose, RetryPolicy: StepRetryPolicy()}
+}
+
+// CompensationOptions returns the activity options of a compensation: startToClose per
+// attempt, [CompensationRetryPolicy], and [CompensationDeadlineDefault] as the
+// ScheduleToCloseTimeout over all attempts.
+func CompensationOptions(startToClose time.Duration) workflow.ActivityOptions {
+	return workflow.ActivityOptions{StartToCloseTimeout: startToClose, ScheduleToCloseTimeout: CompensationDeadlineDefault,
+		RetryPolicy: CompensationRetryPolicy()}
 }
 
 // ActivityOptions returns activity options with startToClose as the StartToCloseTimeout

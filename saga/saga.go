@@ -17,22 +17,38 @@ import (
 // with.
 const CompensatePurpose = "compensate"
 
+// StepOptionsDefault are the activity options of a step whose context carries none: a
+// minute per attempt and [policy.StepRetryPolicy], bounded, so that a step that keeps
+// failing ends in compensation.
+func StepOptionsDefault() workflow.ActivityOptions { return policy.StepOptions(time.Minute) }
+
 // CompensationOptionsDefault are the activity options of compensations: a minute per
-// attempt, retried with backoff for at most ten attempts, after which the saga reports
-// the compensation as failed.
-func CompensationOptionsDefault() workflow.ActivityOptions {
-	retry := policy.RetryPolicy()
-	retry.MaximumAttempts = 10
-	return workflow.ActivityOptions{StartToCloseTimeout: time.Minute, RetryPolicy: retry}
-}
+// attempt, retried with capped backoff for up to [policy.CompensationDeadlineDefault]
+// (24 hours), so a compensation outlives an outage of the database or a provider; only a
+// non-retryable error or the deadline ends it, and then the saga reports it as failed.
+func CompensationOptionsDefault() workflow.ActivityOptions { return policy.CompensationOptions(time.Minute) }
+
+// LeaseDefault is how long a run owns its saga's key when the workflow has no execution
+// timeout: a second run with the same key waits that long for the first to end before
+// it takes the saga over.
+const LeaseDefault = 24 * time.Hour
 
 // Options configure a [Saga]. A nil *Options means all defaults.
 type Options struct {
-	// Key is the saga's key; its steps' keys derive from it. Use the business intent,
-	// such as keys.Business("order", orderID), so that a second workflow for the same
-	// order replays the first one's steps. Defaults to a key from the workflow ID, which
-	// is stable across resets and continue-as-new of one workflow.
+	// Key is the saga's key: its outcome is recorded under it and its steps' keys derive
+	// from it. Use the business intent, such as keys.Business("transfer", transferID), so
+	// that a second workflow for the same transfer replays the first one's outcome.
+	// Defaults to a key from the workflow ID and the run's original run ID: stable across
+	// resets and retries of a workflow task, new for each continue-as-new run and each
+	// retry of the whole workflow, so each of those runs its saga afresh.
 	Key keys.Key
+	// Request is what the saga was started for, such as the transfer. A later run with
+	// the same key and a different Request is refused with a non-retryable
+	// [policy.ErrTypeKeyReused]. Defaults to nil: the key alone identifies the saga.
+	Request any
+	// Lease is how long a run owns the saga's key before a second run with the same key
+	// may take it over. Defaults to the workflow's execution timeout, or [LeaseDefault].
+	Lease time.Duration
 	// Parallel runs the compensations all at once instead of in reverse order.
 	// Defaults to false.
 	Parallel bool
@@ -51,13 +67,14 @@ type Step struct {
 	// Args are the forward activity's arguments.
 	Args []any
 	// Compensation undoes the step: a registered name or an activity function. It must
-	// tolerate a step that never took effect. Nil for a step with nothing to undo.
+	// tolerate a step that never took effect (see activity.StepResult). Nil for a step
+	// with nothing to undo.
 	Compensation any
 	// CompensationArgs are the compensation's arguments. Defaults to Args.
 	CompensationArgs []any
 }
 
-// Saga runs steps and compensates them. Create one per workflow run with [New].
+// Saga runs steps and compensates them. [Run] creates one per saga.
 type Saga struct {
 	key         keys.Key
 	opts        Options
@@ -66,22 +83,27 @@ type Saga struct {
 }
 
 type compensation struct {
-	step string
+	step keys.Step
+	name string
 	key  keys.Key
 	act  any
 	args []any
 }
 
-// New returns a saga for the workflow running under ctx.
-func New(ctx workflow.Context, opts *Options) (*Saga, error) {
+func newSaga(ctx workflow.Context, opts *Options) (*Saga, error) {
 	o := Options{}
 	if opts != nil {
 		o = *opts
 	}
 	key := o.Key
 	if key == "" {
+		info := workflow.GetInfo(ctx)
+		run := info.OriginalRunID
+		if run == "" {
+			run = info.WorkflowExecution.RunID
+		}
 		var err error
-		if key, err = keys.Business("saga", workflow.GetInfo(ctx).WorkflowExecution.ID); err != nil {
+		if key, err = keys.Business("saga", info.WorkflowExecution.ID, run); err != nil {
 			return nil, err
 		}
 	}
@@ -91,6 +113,15 @@ func New(ctx workflow.Context, opts *Options) (*Saga, error) {
 	if o.CompensationOptions == nil {
 		co := CompensationOptionsDefault()
 		o.CompensationOptions = &co
+	}
+	if o.Lease < 0 {
+		return nil, errors.New("oncekit/saga: Options.Lease must not be negative")
+	}
+	if o.Lease == 0 {
+		o.Lease = LeaseDefault
+		if t := workflow.GetInfo(ctx).WorkflowExecutionTimeout; t > 0 {
+			o.Lease = t
+		}
 	}
 	return &Saga{key: key, opts: o}, nil
 }
@@ -121,11 +152,29 @@ func (s *Saga) Do(ctx workflow.Context, step Step, result any) error {
 		if args == nil {
 			args = step.Args
 		}
+		ref := keys.Step{Key: stepKey}
+		ref.Operation, _ = step.Activity.(string)
 		// Registered before the step runs: a step with an unknown outcome is compensated too.
-		s.comps = append(s.comps, compensation{step: step.Name, key: compKey, act: step.Compensation, args: args})
+		s.comps = append(s.comps, compensation{step: ref, name: step.Name, key: compKey, act: step.Compensation, args: args})
 	}
+	ctx = withStepOptions(ctx)
 	f := workflow.ExecuteActivity(workflow.WithValue(ctx, keys.KeyContextKey, stepKey), step.Activity, step.Args...)
 	return f.Get(ctx, result)
+}
+
+// withStepOptions gives a step the bounded defaults when ctx carries no activity options,
+// and the bounded retry policy when its options name none.
+func withStepOptions(ctx workflow.Context) workflow.Context {
+	o := workflow.GetActivityOptions(ctx)
+	switch {
+	case o.StartToCloseTimeout == 0 && o.ScheduleToCloseTimeout == 0:
+		def := StepOptionsDefault()
+		def.TaskQueue = o.TaskQueue
+		return workflow.WithActivityOptions(ctx, def)
+	case o.RetryPolicy == nil:
+		return workflow.WithRetryPolicy(ctx, *policy.StepRetryPolicy())
+	}
+	return ctx
 }
 
 // Compensate runs the registered compensations, in reverse order or in parallel, on a
@@ -141,8 +190,9 @@ func (s *Saga) Compensate(ctx workflow.Context, cause error) error {
 	outcomes := make([]Outcome, len(s.comps))
 	run := func(i int) workflow.Future {
 		c := s.comps[i]
-		outcomes[i] = Outcome{Step: c.step}
-		return workflow.ExecuteActivity(workflow.WithValue(dctx, keys.KeyContextKey, c.key), c.act, c.args...)
+		outcomes[i] = Outcome{Step: c.name}
+		cctx := workflow.WithValue(workflow.WithValue(dctx, keys.KeyContextKey, c.key), keys.StepContextKey, c.step)
+		return workflow.ExecuteActivity(cctx, c.act, c.args...)
 	}
 	if s.opts.Parallel {
 		futures := make([]workflow.Future, len(s.comps))
@@ -194,11 +244,16 @@ func (e *CompensationError) Failed() []Outcome {
 }
 
 func (e *CompensationError) Error() string {
+	if e.Cause == nil {
+		return e.summary()
+	}
+	return e.summary() + ": " + e.Cause.Error()
+}
+
+// summary lists each compensation's outcome, without the cause.
+func (e *CompensationError) summary() string {
 	var b strings.Builder
 	b.WriteString("oncekit/saga: compensated")
-	if e.Cause != nil {
-		b.WriteString(" after: " + e.Cause.Error())
-	}
 	for _, o := range e.Outcomes {
 		if o.Err != nil {
 			fmt.Fprintf(&b, "; compensation of %q FAILED: %v", o.Step, o.Err)
@@ -220,13 +275,17 @@ func (e *CompensationError) Unwrap() []error {
 
 // ApplicationError returns the error to end the workflow with: a non-retryable
 // ApplicationError of type [ErrTypeCompensated] (or [ErrTypeCompensationFailed] when a
-// compensation failed) whose message lists every outcome.
+// compensation failed) whose message lists every outcome and whose cause is the failure
+// that started the compensation, so each is said once.
 func (e *CompensationError) ApplicationError() error {
-	typ := ErrTypeCompensated
+	return temporal.NewNonRetryableApplicationError(e.summary(), e.errType(), e.Cause)
+}
+
+func (e *CompensationError) errType() string {
 	if len(e.Failed()) > 0 {
-		typ = ErrTypeCompensationFailed
+		return ErrTypeCompensationFailed
 	}
-	return temporal.NewNonRetryableApplicationError(e.Error(), typ, e)
+	return ErrTypeCompensated
 }
 
 // Error types a workflow ends with through [CompensationError.ApplicationError].

@@ -38,23 +38,22 @@ type plan struct {
 func sagaWorkflow(ctx workflow.Context, p plan) (string, error) {
 	co := workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
 		RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Millisecond, BackoffCoefficient: 1, MaximumAttempts: 3}}
-	s, err := saga.New(ctx, &saga.Options{Key: keys.Key(p.Key), Parallel: p.Parallel, CompensationOptions: &co})
-	if err != nil {
-		return "", err
-	}
-	ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
-		RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 3}})
-	for _, name := range p.Steps {
-		err := s.Do(ctx, saga.Step{Name: name, Activity: "step", Args: []any{name, p}, Compensation: "undo"}, nil)
-		if err != nil {
-			cerr := s.Compensate(ctx, err)
-			if p.Twice {
-				cerr = s.Compensate(ctx, err)
+	opts := &saga.Options{Key: keys.Key(p.Key), Parallel: p.Parallel, CompensationOptions: &co}
+	return saga.Run(ctx, opts, func(ctx workflow.Context, s *saga.Saga) (string, error) {
+		ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
+			RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 3}})
+		for _, name := range p.Steps {
+			err := s.Do(ctx, saga.Step{Name: name, Activity: "step", Args: []any{name, p}, Compensation: "undo"}, nil)
+			if err != nil {
+				if p.Twice {
+					_ = s.Compensate(ctx, err)
+					return "", s.Compensate(ctx, err)
+				}
+				return "", err
 			}
-			return "", cerr
 		}
-	}
-	return "done", nil
+		return "done", nil
+	})
 }
 
 type bundle struct {

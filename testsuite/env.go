@@ -12,6 +12,7 @@ import (
 	tworker "go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/oncekit/oncekit/activity"
 	"github.com/oncekit/oncekit/internal/devserver"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/worker"
@@ -74,6 +75,7 @@ func NewWorkflowEnvironment(opts *EnvOpts) *WorkflowEnvironment {
 		ics = append(ics, worker.Interceptor(o.Ledger, o.Tenant))
 	}
 	env.SetWorkerOptions(tworker.Options{Interceptors: ics})
+	activity.RegisterSaga(env)
 	env.SetContextPropagators([]workflow.ContextPropagator{worker.TenantPropagator()})
 	return &WorkflowEnvironment{env}
 }

@@ -15,6 +15,8 @@ const (
 	TenantHeader = "oncekit-tenant"
 	// KeyHeader carries a key that workflow code handed one activity call.
 	KeyHeader = "oncekit-key"
+	// StepHeader carries the saga step that a compensation undoes.
+	StepHeader = "oncekit-step"
 )
 
 // TenantPropagator returns oncekit's context propagator. It carries the tenant of
@@ -39,7 +41,12 @@ func (propagator) InjectFromWorkflow(ctx workflow.Context, w workflow.HeaderWrit
 		}
 	}
 	if k, ok := keys.KeyFrom(ctx); ok {
-		return writeHeader(w, KeyHeader, string(k))
+		if err := writeHeader(w, KeyHeader, string(k)); err != nil {
+			return err
+		}
+	}
+	if s, ok := keys.StepFrom(ctx); ok {
+		return writeHeader(w, StepHeader, s)
 	}
 	return nil
 }
@@ -60,6 +67,13 @@ func (propagator) Extract(ctx context.Context, r workflow.HeaderReader) (context
 	if k != "" {
 		ctx = keys.WithKey(ctx, keys.Key(k))
 	}
+	var s keys.Step
+	if _, err := readHeaderInto(r, StepHeader, &s); err != nil {
+		return ctx, err
+	}
+	if s.Key != "" {
+		ctx = keys.WithStep(ctx, s)
+	}
 	return ctx, nil
 }
 
@@ -73,7 +87,7 @@ func (propagator) ExtractToWorkflow(ctx workflow.Context, r workflow.HeaderReade
 	return workflow.WithValue(ctx, keys.TenantContextKey, t), nil
 }
 
-func writeHeader(w workflow.HeaderWriter, name, value string) error {
+func writeHeader(w workflow.HeaderWriter, name string, value any) error {
 	p, err := converter.GetDefaultDataConverter().ToPayload(value)
 	if err != nil {
 		return err
@@ -83,11 +97,15 @@ func writeHeader(w workflow.HeaderWriter, name, value string) error {
 }
 
 func readHeader(r workflow.HeaderReader, name string) (string, error) {
+	var v string
+	_, err := readHeaderInto(r, name, &v)
+	return v, err
+}
+
+func readHeaderInto(r workflow.HeaderReader, name string, v any) (bool, error) {
 	p, ok := r.Get(name)
 	if !ok {
-		return "", nil
+		return false, nil
 	}
-	var v string
-	err := converter.GetDefaultDataConverter().FromPayload(p, &v)
-	return v, err
+	return true, converter.GetDefaultDataConverter().FromPayload(p, v)
 }

@@ -20,10 +20,18 @@ type Options struct {
 	// Worker are Temporal's worker options; oncekit's interceptor is appended to
 	// Worker.Interceptors. Defaults to Temporal's defaults.
 	Worker tworker.Options
-	// DefaultTenant is the tenant of activities whose workflow carried none, for
-	// single-tenant systems. Defaults to "": such activities fail with a clear error.
+	// DefaultTenant is the tenant of activities whose workflow carried none, such as
+	// workflows started by a plain Temporal client. Defaults to [TenantDefault].
 	DefaultTenant string
+	// RequireTenant makes activities whose workflow carried no tenant fail with a
+	// non-retryable error that says so, instead of running under DefaultTenant: for
+	// multi-tenant systems, where a missing tenant is a bug. Defaults to false.
+	RequireTenant bool
 }
+
+// TenantDefault is the tenant of activities whose workflow carried none, unless the
+// worker's options say otherwise. A single-tenant system never needs another.
+const TenantDefault = "default"
 
 // Worker is a Temporal worker with oncekit wired in.
 type Worker struct {
@@ -31,7 +39,7 @@ type Worker struct {
 }
 
 // New returns a worker polling taskQueue through c, whose activities find l and their
-// tenant in their context.
+// tenant in their context, with the activities of package saga registered.
 func New(c client.Client, taskQueue string, l *ledger.Ledger, opts *Options) (*Worker, error) {
 	if c == nil || l == nil {
 		return nil, errors.New("oncekit/worker: New needs a client and a ledger")
@@ -40,9 +48,18 @@ func New(c client.Client, taskQueue string, l *ledger.Ledger, opts *Options) (*W
 	if opts != nil {
 		o = *opts
 	}
+	tenant := o.DefaultTenant
+	switch {
+	case o.RequireTenant:
+		tenant = ""
+	case tenant == "":
+		tenant = TenantDefault
+	}
 	wo := o.Worker
-	wo.Interceptors = append(append([]interceptor.WorkerInterceptor{}, wo.Interceptors...), Interceptor(l, o.DefaultTenant))
-	return &Worker{w: tworker.New(c, taskQueue, wo)}, nil
+	wo.Interceptors = append(append([]interceptor.WorkerInterceptor{}, wo.Interceptors...), Interceptor(l, tenant))
+	w := tworker.New(c, taskQueue, wo)
+	activity.RegisterSaga(w)
+	return &Worker{w: w}, nil
 }
 
 // RegisterActivity registers fn under name. The name scopes the activity's keys (it is
@@ -78,8 +95,9 @@ func Dial(ctx context.Context, opts client.Options) (client.Client, error) {
 }
 
 // Interceptor returns the worker interceptor that puts l, and defaultTenant when the
-// activity carries no tenant, into every activity's context. [New] installs it; use it
-// directly when building a Temporal worker by hand.
+// activity carries no tenant, into every activity's context; an empty defaultTenant
+// leaves such activities without one. [New] installs it; use it directly when building
+// a Temporal worker by hand, together with activity.RegisterSaga.
 func Interceptor(l *ledger.Ledger, defaultTenant string) interceptor.WorkerInterceptor {
 	return &workerInterceptor{l: l, tenant: defaultTenant}
 }

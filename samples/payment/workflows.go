@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"time"
 
 	"go.temporal.io/sdk/temporal"
@@ -29,7 +28,7 @@ func activityOptions(ctx workflow.Context) workflow.Context {
 
 // CheckoutWorkflow is the oncekit saga: reserve, charge, ship; release and refund on
 // failure. The saga's key is the order ID, so a second submission of the same order
-// replays the first one's steps.
+// replays the first one's outcome (or waits for it, while the first is in flight).
 func CheckoutWorkflow(ctx workflow.Context, o Order) (string, error) {
 	key, err := keys.Business("order", o.ID)
 	if err != nil {
@@ -39,26 +38,21 @@ func CheckoutWorkflow(ctx workflow.Context, o Order) (string, error) {
 	co.StartToCloseTimeout = 3 * time.Second
 	co.RetryPolicy.InitialInterval = 200 * time.Millisecond
 	co.RetryPolicy.MaximumInterval = 2 * time.Second
-	s, err := saga.New(ctx, &saga.Options{Key: key, CompensationOptions: &co})
-	if err != nil {
-		return "", err
-	}
-	ctx = activityOptions(ctx)
-	steps := []saga.Step{
-		{Name: "reserve", Activity: actReserve, Args: []any{o}, Compensation: actRelease},
-		{Name: "charge", Activity: actCharge, Args: []any{o}, Compensation: actRefund},
-		{Name: "ship", Activity: actShip, Args: []any{o}},
-	}
-	for _, st := range steps {
-		if err := s.Do(ctx, st, nil); err != nil {
-			var cerr *saga.CompensationError
-			if errors.As(s.Compensate(ctx, err), &cerr) {
-				return "", cerr.ApplicationError()
-			}
-			return "", err
+	opts := &saga.Options{Key: key, Request: o, CompensationOptions: &co}
+	return saga.Run(ctx, opts, func(ctx workflow.Context, s *saga.Saga) (string, error) {
+		ctx = activityOptions(ctx)
+		steps := []saga.Step{
+			{Name: "reserve", Activity: actReserve, Args: []any{o}, Compensation: actRelease},
+			{Name: "charge", Activity: actCharge, Args: []any{o}, Compensation: actRefund},
+			{Name: "ship", Activity: actShip, Args: []any{o}},
 		}
-	}
-	return "shipped", nil
+		for _, st := range steps {
+			if err := s.Do(ctx, st, nil); err != nil {
+				return "", err // Run compensates and records the outcome
+			}
+		}
+		return "shipped", nil
+	})
 }
 
 // NaiveCheckoutWorkflow is the saga as Temporal's samples write it: plain activities

@@ -1,0 +1,281 @@
+package saga_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/workflow"
+
+	"github.com/oncekit/oncekit/activity"
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/policy"
+	"github.com/oncekit/oncekit/saga"
+	"github.com/oncekit/oncekit/testsuite"
+)
+
+// transfer is the input of the outcome tests' saga: withdraw, deposit, notify.
+type transfer struct {
+	ID     string `json:"id"`
+	Amount int    `json:"amount"`
+}
+
+// bank counts the calls of each step and can make the last one fail with a plain error
+// (a retryable failure that ends in compensation once the step's attempts are used up).
+type bank struct {
+	*bundle
+	calls      sync.Map // step name -> *atomic.Int64
+	failNotify atomic.Bool
+	gate       chan struct{} // when set, withdraw waits on it
+	entered    chan struct{}
+}
+
+func newBank(t *testing.T) *bank { return &bank{bundle: setup(t)} }
+
+func (k *bank) count(step string) int64 {
+	v, _ := k.calls.LoadOrStore(step, new(atomic.Int64))
+	return v.(*atomic.Int64).Load()
+}
+
+func (k *bank) act(step string) func(context.Context, transfer) (string, error) {
+	return func(ctx context.Context, tr transfer) (string, error) {
+		v, _ := k.calls.LoadOrStore(step, new(atomic.Int64))
+		v.(*atomic.Int64).Add(1)
+		if step == "withdraw" && k.gate != nil {
+			select {
+			case k.entered <- struct{}{}:
+			default:
+			}
+			<-k.gate
+		}
+		if step == "notify" && k.failNotify.Load() {
+			return "", errors.New("the notification service is down")
+		}
+		return step + ":" + tr.ID, k.bundle.step(ctx, step, plan{})
+	}
+}
+
+func transferWorkflow(ctx workflow.Context, tr transfer) (string, error) {
+	key, err := keys.Business("transfer", tr.ID)
+	if err != nil {
+		return "", err
+	}
+	co := saga.CompensationOptionsDefault()
+	co.RetryPolicy.InitialInterval = time.Millisecond
+	return saga.Run(ctx, &saga.Options{Key: key, Request: tr, CompensationOptions: &co},
+		func(ctx workflow.Context, s *saga.Saga) (string, error) {
+			ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
+				RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 2}})
+			var out []string
+			for _, step := range []string{"withdraw", "deposit", "notify"} {
+				var r string
+				if err := s.Do(ctx, saga.Step{Name: step, Activity: step, Args: []any{tr}, Compensation: "undo", CompensationArgs: []any{step, plan{}}}, &r); err != nil {
+					return "", err
+				}
+				out = append(out, r)
+			}
+			return strings.Join(out, ","), nil
+		})
+}
+
+func (k *bank) env(id string) *testsuite.WorkflowEnvironment {
+	env := k.bundle.env(nil)
+	env.RegisterWorkflow("transfer", transferWorkflow)
+	for _, step := range []string{"withdraw", "deposit", "notify"} {
+		env.RegisterActivity(step, k.act(step))
+	}
+	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: id})
+	return env
+}
+
+// A second workflow for a transfer that completed runs nothing and returns the first
+// one's result.
+func TestRun_ResubmissionAfterCompletionReplaysResult(t *testing.T) {
+	t.Parallel()
+	k := newBank(t)
+	tr := transfer{ID: "t-1", Amount: 100}
+	first := k.env("wf-1")
+	first.ExecuteWorkflow("transfer", tr)
+	require.NoError(t, first.GetWorkflowError())
+	var want string
+	require.NoError(t, first.GetWorkflowResult(&want))
+	require.Equal(t, "withdraw:t-1,deposit:t-1,notify:t-1", want)
+
+	second := k.env("wf-2")
+	second.ExecuteWorkflow("transfer", tr)
+	require.NoError(t, second.GetWorkflowError())
+	var got string
+	require.NoError(t, second.GetWorkflowResult(&got))
+	require.Equal(t, want, got)
+	for _, step := range []string{"withdraw", "deposit", "notify"} {
+		require.EqualValues(t, 1, k.count(step), "the second run called %s", step)
+	}
+}
+
+// The case of the money transfer: the first run's last step failed and the saga
+// compensated. A second workflow for the same transfer, with the last step working
+// again, must not replay "withdraw ok, deposit ok" and finish the transfer on top of
+// the refunds: it returns the first run's compensated outcome.
+func TestRun_ResubmissionAfterCompensationReplaysFailure(t *testing.T) {
+	t.Parallel()
+	k := newBank(t)
+	tr := transfer{ID: "t-2", Amount: 100}
+	k.failNotify.Store(true)
+	first := k.env("wf-1")
+	first.ExecuteWorkflow("transfer", tr)
+	firstErr := first.GetWorkflowError()
+	var app *temporal.ApplicationError
+	require.ErrorAs(t, firstErr, &app)
+	require.Equal(t, saga.ErrTypeCompensated, app.Type())
+
+	k.failNotify.Store(false)
+	second := k.env("wf-2")
+	second.ExecuteWorkflow("transfer", tr)
+	secondErr := second.GetWorkflowError()
+	require.ErrorAs(t, secondErr, &app)
+	require.Equal(t, saga.ErrTypeCompensated, app.Type())
+	require.False(t, app.NonRetryable() == false)
+	require.Contains(t, secondErr.Error(), `"withdraw" compensated`)
+	require.Contains(t, secondErr.Error(), "the notification service is down")
+	require.EqualValues(t, 2, k.count("notify"), "only the first run's two attempts ran notify")
+	require.EqualValues(t, 1, k.count("withdraw"))
+	require.Equal(t, []string{"do:withdraw", "do:deposit", "undo:notify", "undo:deposit", "undo:withdraw"}, k.logOf(t))
+}
+
+// A second workflow submitted while the first is still in flight waits for it, then
+// returns its outcome without running a step.
+func TestRun_ResubmissionInFlightWaits(t *testing.T) {
+	t.Parallel()
+	k := newBank(t)
+	k.gate, k.entered = make(chan struct{}), make(chan struct{}, 1)
+	tr := transfer{ID: "t-3", Amount: 100}
+	first := k.env("wf-1")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		first.ExecuteWorkflow("transfer", tr)
+	}()
+	<-k.entered // the first run holds the saga's key and is inside withdraw
+
+	second := k.env("wf-2")
+	secondDone := make(chan struct{})
+	go func() {
+		defer close(secondDone)
+		second.ExecuteWorkflow("transfer", tr)
+	}()
+	select {
+	case <-secondDone:
+		t.Fatal("the second run finished while the first was still in flight")
+	case <-time.After(500 * time.Millisecond):
+	}
+	close(k.gate)
+	<-done
+	<-secondDone
+	require.NoError(t, first.GetWorkflowError())
+	require.NoError(t, second.GetWorkflowError())
+	var a, b string
+	require.NoError(t, first.GetWorkflowResult(&a))
+	require.NoError(t, second.GetWorkflowResult(&b))
+	require.Equal(t, a, b)
+	require.EqualValues(t, 1, k.count("withdraw"), "the second run waited instead of running a step")
+	require.EqualValues(t, 1, k.count("notify"))
+}
+
+// A saga key reused for another request is refused, not replayed.
+func TestRun_KeyReusedForAnotherRequest(t *testing.T) {
+	t.Parallel()
+	k := newBank(t)
+	first := k.env("wf-1")
+	first.ExecuteWorkflow("transfer", transfer{ID: "t-4", Amount: 100})
+	require.NoError(t, first.GetWorkflowError())
+	second := k.env("wf-2")
+	second.ExecuteWorkflow("transfer", transfer{ID: "t-4", Amount: 999})
+	var app *temporal.ApplicationError
+	require.ErrorAs(t, second.GetWorkflowError(), &app)
+	require.Equal(t, policy.ErrTypeKeyReused, app.Type())
+	require.EqualValues(t, 1, k.count("withdraw"))
+}
+
+// A compensated workflow's error says each cause once.
+func TestRun_ErrorSaysEachCauseOnce(t *testing.T) {
+	t.Parallel()
+	k := newBank(t)
+	k.failNotify.Store(true)
+	env := k.env("wf-1")
+	env.ExecuteWorkflow("transfer", transfer{ID: "t-5", Amount: 1})
+	err := env.GetWorkflowError()
+	require.Error(t, err)
+	require.Equal(t, 1, strings.Count(err.Error(), "the notification service is down"), err.Error())
+	require.Equal(t, 1, strings.Count(err.Error(), `"deposit" compensated`), err.Error())
+
+	// A wiring error (no ledger on the worker) is said once too.
+	bare := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Tenant: "acme"})
+	bare.RegisterWorkflow("transfer", transferWorkflow)
+	bare.ExecuteWorkflow("transfer", transfer{ID: "t-6", Amount: 1})
+	err = bare.GetWorkflowError()
+	require.ErrorContains(t, err, "no ledger")
+	require.Equal(t, 1, strings.Count(err.Error(), "no ledger"), err.Error())
+}
+
+// A compensation reads what its step stored: the result of a completed step, nothing
+// for a step that never ran, the failure of a step that failed definitively.
+func TestStepResult_CompensationReadsItsStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var mu sync.Mutex
+	seen := map[string]string{}
+	inspect := func(ctx context.Context, name string, p plan) error {
+		var done bool
+		rec, err := activity.StepResult(ctx, &done, &activity.Opts{Operation: "test.step"})
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		seen[name] = rec.State.String()
+		if done {
+			seen[name] += "+result"
+		}
+		stepKey, _ := keys.Derive(keys.Key(p.Key), name)
+		if rec.Key != stepKey || rec.DownstreamKey == "" {
+			seen[name] = "wrong key " + string(rec.Key)
+		}
+		return nil
+	}
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: b.l, Tenant: "acme"})
+	env.RegisterWorkflow("saga", inspectWorkflow)
+	env.RegisterActivity("step", b.step)
+	env.RegisterActivity("undo", inspect)
+	env.ExecuteWorkflow("saga", plan{Key: "order-inspect", Steps: []string{"reserve", "charge"}, FailAt: "charge"})
+	require.Error(t, env.GetWorkflowError())
+	require.Equal(t, map[string]string{"reserve": "completed+result", "charge": "failed"}, seen)
+
+	// A step whose activity failed before it recorded anything has nothing to undo.
+	env = testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: b.l, Tenant: "acme"})
+	env.RegisterWorkflow("saga", inspectWorkflow)
+	env.RegisterActivity("step", func(context.Context, string, plan) error { return errors.New("refused at the door") })
+	env.RegisterActivity("undo", inspect)
+	env.ExecuteWorkflow("saga", plan{Key: "order-inspect-2", Steps: []string{"ship"}})
+	require.Error(t, env.GetWorkflowError())
+	require.Equal(t, "not run", seen["ship"])
+}
+
+func inspectWorkflow(ctx workflow.Context, p plan) (string, error) {
+	return saga.Run(ctx, &saga.Options{Key: keys.Key(p.Key)}, func(ctx workflow.Context, s *saga.Saga) (string, error) {
+		ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
+			RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 1}})
+		for _, name := range p.Steps {
+			if err := s.Do(ctx, saga.Step{Name: name, Activity: "step", Args: []any{name, p}, Compensation: "undo"}, nil); err != nil {
+				return "", err
+			}
+		}
+		return "", nil
+	})
+}
