@@ -55,3 +55,16 @@ func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *O
 // can hold the key. A key handed in (a business key, a saga's step key) may be shared,
 // so fn waits for the claim's answer before it runs.
 func (g *guard) firstAttempt() bool { return g.info.Attempt == 1 && g.derived }
+
+// DoErr is [Do] for an activity that returns only an error, func(ctx, Req) error: fn
+// runs once per activity intent, and a retry after its commit returns nil without
+// running it. A [Definitive] failure is stored and replayed like Do's.
+func DoErr[Req any](ctx context.Context, req Req, fn func(ctx context.Context, tx pgx.Tx, key keys.Key, req Req) error, opts *Opts) error {
+	if fn == nil {
+		return invalid(ledger.ErrNilFunc)
+	}
+	_, err := Do(ctx, req, func(ctx context.Context, tx pgx.Tx, key keys.Key, req Req) (struct{}, error) {
+		return struct{}{}, fn(ctx, tx, key, req)
+	}, opts)
+	return err
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/oncekit/oncekit/internal/faultpoint"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 )
@@ -85,6 +86,17 @@ func External[Req, Resp any](ctx context.Context, req Req, call CallFunc[Req, Re
 		Redrive: lease.Redrive, Uncertain: lease.Uncertain}, req)
 	// Record the outcome even if the attempt's context ended meanwhile.
 	rctx := context.WithoutCancel(ctx)
+	switch faultpoint.At(ctx, faultpoint.AfterCall, out, callErr) {
+	case faultpoint.Crash:
+		// A test's fault plan: the attempt dies before it records anything, and its lease
+		// runs out as by the deadline of a lost attempt, so the retry takes the key over.
+		_ = g.l.Extend(rctx, lease, time.Millisecond)
+		return zero, faultpoint.ErrCrashed
+	case faultpoint.LoseAnswer:
+		if callErr == nil {
+			out, callErr = zero, faultpoint.ErrLostAnswer
+		}
+	}
 	var derr *ledger.DefinitiveError
 	var na notApplied
 	switch {
@@ -126,4 +138,17 @@ func (g *guard) lease() time.Duration {
 		return d
 	}
 	return time.Second
+}
+
+// ExternalErr is [External] for an activity that returns only an error: call runs at
+// most once per activity intent as far as the provider can tell, and a retry after its
+// outcome was recorded returns nil (or the stored [Definitive] failure) without calling.
+func ExternalErr[Req any](ctx context.Context, req Req, call func(ctx context.Context, call Call, req Req) error, opts *Opts) error {
+	if call == nil {
+		return invalid(ledger.ErrNilFunc)
+	}
+	_, err := External(ctx, req, func(ctx context.Context, c Call, req Req) (struct{}, error) {
+		return struct{}{}, call(ctx, c, req)
+	}, opts)
+	return err
 }

@@ -18,7 +18,9 @@ import (
 // A workflow activity completes its effect and its worker is SIGKILLed before it reports
 // completion; a second worker picks up the retry after the timeout. Guarded by oncekit,
 // the effect exists once. The same crash on the plain activity, in the same test, leaves
-// two: the fault was real.
+// two: the fault was real. An External activity that does not send its downstream key is
+// killed after the provider charged and before the ledger recorded it: the re-drive
+// charges again, as the in-memory check at testsuite.AfterCall predicts.
 func TestCrashBeforeComplete_RealServerKilledWorker(t *testing.T) {
 	t.Parallel()
 	srv := testsuite.StartDevServer(t)
@@ -40,6 +42,7 @@ func TestCrashBeforeComplete_RealServerKilledWorker(t *testing.T) {
 		{plainLocal, "reservations", 2},
 		{guardedExternal, "provider_charges", 1},
 		{plainExternal, "provider_charges", 2},
+		{wrongKeyExternal, "provider_charges", 2}, // what the in-memory AfterCall check catches
 	} {
 		t.Run(tc.activity, func(t *testing.T) {
 			t.Parallel()

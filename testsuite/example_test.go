@@ -56,7 +56,7 @@ func ExampleRunCrashBeforeComplete() {
 		fn   func(context.Context, Ship) (int64, error)
 	}{{"shipping.create", guarded}, {"shipping.create-plain", plain}} {
 		req := Ship{OrderID: uuid.NewString()}
-		rep, err := testsuite.RunCrashBeforeComplete(testsuite.Case[Ship, int64]{
+		rep, err := testsuite.RunCrashBeforeComplete(testsuite.Case[Ship]{
 			Name: act.name, Activity: act.fn, Request: req, Ledger: l,
 			Effects: func(ctx context.Context) (int, error) {
 				return testsuite.Count(ctx, pool, `SELECT count(*) FROM example_shipments WHERE order_id = $1`, req.OrderID)

@@ -2,55 +2,89 @@ package testsuite
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/interceptor"
 	"go.temporal.io/sdk/temporal"
+
+	"github.com/oncekit/oncekit/internal/faultpoint"
 )
 
 // ErrTypeWorkerCrashed is the ApplicationError type of an injected crash. It is
 // retryable, so Temporal retries the activity as it would after a lost worker.
 const ErrTypeWorkerCrashed = "oncekit.testsuite.WorkerCrashed"
 
-// FaultPlan says which activity attempts crash after their side effect. It is safe for
-// concurrent use.
+// CrashPoint is where an injected fault strikes an activity attempt.
+type CrashPoint string
+
+// The crash points. An activity reaches AfterEffect always; an activity built on
+// activity.External also reaches AfterCall and LostAnswer, once per call.
+const (
+	// AfterEffect: the activity ran to completion, effect and all, and its worker died
+	// before reporting: the completion never reaches Temporal, which retries.
+	AfterEffect CrashPoint = "after-effect"
+	// AfterCall: the external call returned (the provider acted) and the worker died
+	// before the ledger recorded the outcome; the attempt's lease runs out, and the retry
+	// takes the key over and calls again. Only the same downstream key keeps the provider
+	// from acting twice.
+	AfterCall CrashPoint = "after-call"
+	// LostAnswer: the provider acted but its answer was lost on the way back (a reset
+	// connection): the call returns an error, and the retry calls again.
+	LostAnswer CrashPoint = "lost-answer"
+)
+
+// CrashPoints lists every crash point, in the order [CheckCrashBeforeComplete] tries them.
+var CrashPoints = []CrashPoint{AfterEffect, AfterCall, LostAnswer}
+
+// FaultPlan says which activity attempts crash, and where. It is safe for concurrent use.
 type FaultPlan struct {
 	mu       sync.Mutex
-	crashes  map[string]map[int32]bool
+	crashes  map[string]map[CrashPoint]map[int32]bool
+	reached  map[string]map[CrashPoint]bool
 	injected []Crash
 }
 
-// Crash records an injected crash: the attempt ran, and its outcome never reached
-// Temporal.
+// Crash records an injected fault: the attempt ran up to its crash point, and its
+// outcome never reached Temporal (or, at LostAnswer, reached it as an error).
 type Crash struct {
 	ActivityType string
 	Attempt      int32
-	// Result and Err are what the attempt returned before the crash discarded them.
+	Point        CrashPoint
+	// Result and Err are what the attempt (at AfterEffect) or its external call (at
+	// AfterCall and LostAnswer) returned before the fault discarded them.
 	Result any
 	Err    error
 }
 
 // NewFaultPlan returns an empty plan.
 func NewFaultPlan() *FaultPlan {
-	return &FaultPlan{crashes: map[string]map[int32]bool{}}
+	return &FaultPlan{crashes: map[string]map[CrashPoint]map[int32]bool{}, reached: map[string]map[CrashPoint]bool{}}
 }
 
 // CrashAfterEffect makes the listed attempts (attempt 1 when none is listed) of the
-// activity registered as activityType run to completion, effect and all, and then fail
-// as if the worker died before reporting: the completion never arrives and Temporal
-// retries.
+// activity registered as activityType crash at [AfterEffect].
 func (p *FaultPlan) CrashAfterEffect(activityType string, attempts ...int32) *FaultPlan {
+	return p.CrashAt(activityType, AfterEffect, attempts...)
+}
+
+// CrashAt makes the listed attempts (attempt 1 when none is listed) of the activity
+// registered as activityType crash at point.
+func (p *FaultPlan) CrashAt(activityType string, point CrashPoint, attempts ...int32) *FaultPlan {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(attempts) == 0 {
 		attempts = []int32{1}
 	}
 	if p.crashes[activityType] == nil {
-		p.crashes[activityType] = map[int32]bool{}
+		p.crashes[activityType] = map[CrashPoint]map[int32]bool{}
+	}
+	if p.crashes[activityType][point] == nil {
+		p.crashes[activityType][point] = map[int32]bool{}
 	}
 	for _, a := range attempts {
-		p.crashes[activityType][a] = true
+		p.crashes[activityType][point][a] = true
 	}
 	return p
 }
@@ -62,10 +96,28 @@ func (p *FaultPlan) Injected() []Crash {
 	return append([]Crash(nil), p.injected...)
 }
 
-func (p *FaultPlan) crash(activityType string, attempt int32) bool {
+// Reached reports whether an attempt of the activity registered as activityType reached
+// point, crash or not.
+func (p *FaultPlan) Reached(activityType string, point CrashPoint) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.crashes[activityType][attempt]
+	return p.reached[activityType][point]
+}
+
+// strike records that point was reached and reports whether a crash is planned there,
+// recording it as injected if so.
+func (p *FaultPlan) strike(activityType string, attempt int32, point CrashPoint, result any, err error) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.reached[activityType] == nil {
+		p.reached[activityType] = map[CrashPoint]bool{}
+	}
+	p.reached[activityType][point] = true
+	if !p.crashes[activityType][point][attempt] {
+		return false
+	}
+	p.injected = append(p.injected, Crash{ActivityType: activityType, Attempt: attempt, Point: point, Result: result, Err: err})
+	return true
 }
 
 // Interceptor returns the worker interceptor that carries out the plan. Install it on
@@ -87,13 +139,20 @@ type faultActivity struct {
 }
 
 func (a *faultActivity) ExecuteActivity(ctx context.Context, in *interceptor.ExecuteActivityInput) (any, error) {
-	res, err := a.Next.ExecuteActivity(ctx, in)
 	info := tactivity.GetInfo(ctx)
-	if !a.plan.crash(info.ActivityType.Name, info.Attempt) {
-		return res, err
+	typ, attempt := info.ActivityType.Name, info.Attempt
+	ctx = faultpoint.With(ctx, func(_ context.Context, _ faultpoint.Point, result any, err error) faultpoint.Fault {
+		switch {
+		case a.plan.strike(typ, attempt, AfterCall, result, err):
+			return faultpoint.Crash
+		case a.plan.strike(typ, attempt, LostAnswer, result, err):
+			return faultpoint.LoseAnswer
+		}
+		return faultpoint.None
+	})
+	res, err := a.Next.ExecuteActivity(ctx, in)
+	if errors.Is(err, faultpoint.ErrCrashed) || a.plan.strike(typ, attempt, AfterEffect, res, err) {
+		return nil, temporal.NewApplicationError("oncekit/testsuite: injected crash: the attempt's worker died before its completion was reported", ErrTypeWorkerCrashed)
 	}
-	a.plan.mu.Lock()
-	a.plan.injected = append(a.plan.injected, Crash{ActivityType: info.ActivityType.Name, Attempt: info.Attempt, Result: res, Err: err})
-	a.plan.mu.Unlock()
-	return nil, temporal.NewApplicationError("oncekit/testsuite: injected crash after the activity's effect, before its completion was reported", ErrTypeWorkerCrashed)
+	return res, err
 }

@@ -126,6 +126,33 @@ func (p *WorkerProcess) Kill() bool {
 	return true
 }
 
+// Wait waits up to timeout for the process to exit by itself and returns its exit code
+// (-1 when a signal ended it). It returns an error, and leaves the process running, when
+// the process is still running after timeout.
+func (p *WorkerProcess) Wait(timeout time.Duration) (int, error) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-p.exited:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.state.ExitCode(), nil
+	case <-t.C:
+		return 0, fmt.Errorf("oncekit/testsuite: worker process still running after %s", timeout)
+	}
+}
+
+// Stop asks the process to shut down as a deployment would, with SIGTERM, and waits up
+// to timeout for it to exit; see [WorkerProcess.Wait].
+func (p *WorkerProcess) Stop(timeout time.Duration) (int, error) {
+	select {
+	case <-p.exited:
+	default:
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	return p.Wait(timeout)
+}
+
 // Killed reports whether the process ended by SIGKILL.
 func (p *WorkerProcess) Killed() bool {
 	p.mu.Lock()

@@ -36,6 +36,9 @@ const (
 	plainLocal      = "plain.reserve"
 	guardedExternal = "guarded.charge"
 	plainExternal   = "plain.charge"
+	// wrongKeyExternal is guarded by activity.External but sends a fresh key instead of
+	// call.DownstreamKey: a re-drive after a crash inside the call charges again.
+	wrongKeyExternal = "wrongkey.charge"
 )
 
 type order struct {
@@ -117,6 +120,15 @@ func runCrashWorker(ctx context.Context) error {
 			id, err := chargeProvider(ctx, pool, string(call.DownstreamKey), o)
 			if err == nil {
 				afterEffect(ctx, guardedExternal) // charged; the ledger has not heard of it
+			}
+			return id, err
+		}, nil)
+	})
+	w.RegisterActivity(wrongKeyExternal, func(ctx context.Context, o order) (int64, error) {
+		return activity.External(ctx, o, func(ctx context.Context, call activity.Call, o order) (int64, error) {
+			id, err := chargeProvider(ctx, pool, uuid.NewString(), o)
+			if err == nil {
+				afterEffect(ctx, wrongKeyExternal)
 			}
 			return id, err
 		}, nil)
