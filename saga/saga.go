@@ -26,7 +26,9 @@ func StepOptionsDefault() workflow.ActivityOptions { return policy.StepOptions(t
 // attempt, retried with capped backoff for up to [policy.CompensationDeadlineDefault]
 // (24 hours), so a compensation outlives an outage of the database or a provider; only a
 // non-retryable error or the deadline ends it, and then the saga reports it as failed.
-func CompensationOptionsDefault() workflow.ActivityOptions { return policy.CompensationOptions(time.Minute) }
+func CompensationOptionsDefault() workflow.ActivityOptions {
+	return policy.CompensationOptions(time.Minute)
+}
 
 // LeaseDefault is how long a run owns its saga's key when the workflow has no execution
 // timeout: a second run with the same key waits that long for the first to end before
