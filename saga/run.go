@@ -142,3 +142,9 @@ func replay[T any](r Recorded) (T, error) {
 	}
 	return out, nil
 }
+
+// RunErr is [Run] for a saga whose workflow returns only an error.
+func RunErr(ctx workflow.Context, opts *Options, fn func(ctx workflow.Context, s *Saga) error) error {
+	_, err := Run(ctx, opts, func(ctx workflow.Context, s *Saga) (struct{}, error) { return struct{}{}, fn(ctx, s) })
+	return err
+}

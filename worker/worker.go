@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	commonpb "go.temporal.io/api/common/v1"
 	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/interceptor"
@@ -118,9 +119,90 @@ type activityInterceptor struct {
 }
 
 func (a *activityInterceptor) ExecuteActivity(ctx context.Context, in *interceptor.ExecuteActivityInput) (any, error) {
+	// The headers written by the workflow interceptor below, for clients without
+	// oncekit's propagator.
+	if h := interceptor.Header(ctx); h != nil {
+		var err error
+		if ctx, err = (propagator{}).Extract(ctx, mapHeader(h)); err != nil {
+			return nil, err
+		}
+	}
 	ctx = activity.WithLedger(ctx, a.wi.l)
 	if _, ok := keys.TenantFrom(ctx); !ok && a.wi.tenant != "" {
 		ctx = keys.WithTenant(ctx, a.wi.tenant)
 	}
 	return a.Next.ExecuteActivity(ctx, in)
+}
+
+// The interceptor also carries the tenant, key and step from workflow code to
+// activities itself, so that they arrive when the client was dialled without oncekit's
+// propagator: a plain client.Dial is enough.
+func (wi *workerInterceptor) InterceptWorkflow(ctx workflow.Context, next interceptor.WorkflowInboundInterceptor) interceptor.WorkflowInboundInterceptor {
+	return &workflowInbound{WorkflowInboundInterceptorBase: interceptor.WorkflowInboundInterceptorBase{Next: next}}
+}
+
+type workflowInbound struct {
+	interceptor.WorkflowInboundInterceptorBase
+}
+
+func (w *workflowInbound) Init(outbound interceptor.WorkflowOutboundInterceptor) error {
+	return w.Next.Init(&workflowOutbound{WorkflowOutboundInterceptorBase: interceptor.WorkflowOutboundInterceptorBase{Next: outbound}})
+}
+
+func (w *workflowInbound) ExecuteWorkflow(ctx workflow.Context, in *interceptor.ExecuteWorkflowInput) (any, error) {
+	if _, ok := keys.TenantFrom(ctx); !ok {
+		if h := interceptor.WorkflowHeader(ctx); h != nil {
+			var err error
+			if ctx, err = (propagator{}).ExtractToWorkflow(ctx, mapHeader(h)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return w.Next.ExecuteWorkflow(ctx, in)
+}
+
+type workflowOutbound struct {
+	interceptor.WorkflowOutboundInterceptorBase
+}
+
+func inject(ctx workflow.Context) {
+	if h := interceptor.WorkflowHeader(ctx); h != nil {
+		// Encoding a string or a keys.Step cannot fail; the propagator, when installed,
+		// writes the same values again.
+		_ = (propagator{}).InjectFromWorkflow(ctx, mapHeader(h))
+	}
+}
+
+func (w *workflowOutbound) ExecuteActivity(ctx workflow.Context, activityType string, args ...any) workflow.Future {
+	inject(ctx)
+	return w.Next.ExecuteActivity(ctx, activityType, args...)
+}
+
+func (w *workflowOutbound) ExecuteLocalActivity(ctx workflow.Context, activityType string, args ...any) workflow.Future {
+	inject(ctx)
+	return w.Next.ExecuteLocalActivity(ctx, activityType, args...)
+}
+
+func (w *workflowOutbound) ExecuteChildWorkflow(ctx workflow.Context, childWorkflowType string, args ...any) workflow.ChildWorkflowFuture {
+	inject(ctx)
+	return w.Next.ExecuteChildWorkflow(ctx, childWorkflowType, args...)
+}
+
+// mapHeader is a Temporal header map seen as a header reader and writer.
+type mapHeader map[string]*commonpb.Payload
+
+func (m mapHeader) Set(key string, value *commonpb.Payload) { m[key] = value }
+
+func (m mapHeader) Get(key string) (*commonpb.Payload, bool) {
+	v, ok := m[key]
+	return v, ok
+}
+
+func (m mapHeader) ForEachKey(handler func(string, *commonpb.Payload) error) error {
+	for k, v := range m {
+		if err := handler(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
