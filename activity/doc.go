@@ -18,6 +18,14 @@
 // call with the same downstream key; a retry after completion returns the stored result
 // without calling.
 //
+// [DoErr] and [ExternalErr] are the same for activities that return only an error.
+//
+// # Saga compensations
+//
+// A compensation reads the record of the step it undoes with [StepResult]: the step's
+// stored result when it completed, or that it never ran, failed definitively, or is still
+// pending. [RegisterSaga] registers the activities package saga records outcomes with.
+//
 // # Errors
 //
 // Ledger outcomes become Temporal errors that retry policies can act on: a key reused
