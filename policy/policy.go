@@ -65,10 +65,11 @@ func RetryPolicy(extraNonRetryable ...string) *temporal.RetryPolicy {
 
 // Defaults of the saga policies.
 const (
-	// StepMaxAttemptsDefault bounds the attempts of a saga step: about five minutes of
-	// backoff, after which the step counts as failed and the saga compensates, so a
-	// customer gets an answer instead of a workflow that retries forever.
-	StepMaxAttemptsDefault = 10
+	// StepMaxAttemptsDefault bounds the attempts of a saga step: about two minutes of
+	// backoff (1 s doubling to the 1 min cap), after which the step counts as failed and
+	// the saga compensates, so a customer gets an answer instead of a workflow that
+	// retries forever.
+	StepMaxAttemptsDefault = 8
 	// CompensationDeadlineDefault bounds how long a compensation keeps retrying (its
 	// ScheduleToCloseTimeout): long enough to outlive any outage of the database or a
 	// provider, short enough that a compensation that can never succeed ends the

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
@@ -278,4 +279,50 @@ func inspectWorkflow(ctx workflow.Context, p plan) (string, error) {
 		}
 		return "", nil
 	})
+}
+
+// A step whose context names no retry policy gets the bounded step policy: a step that
+// keeps failing with a plain error is tried policy.StepMaxAttemptsDefault times, and the
+// saga compensates instead of retrying forever. Compensations get no attempt limit but a
+// 24-hour deadline. (Temporal's in-memory environment caps "unlimited" at 10 attempts, so
+// the compensation here succeeds on its ninth.)
+func TestDo_StepsHaveBoundedRetries(t *testing.T) {
+	t.Parallel()
+	co := saga.CompensationOptionsDefault()
+	require.Zero(t, co.RetryPolicy.MaximumAttempts, "compensations have no attempt limit")
+	require.Equal(t, policy.CompensationDeadlineDefault, co.ScheduleToCloseTimeout)
+	var stepAttempts, undoAttempts atomic.Int64
+	var deadline atomic.Int64
+	for _, withOptions := range []bool{false, true} {
+		stepAttempts.Store(0)
+		undoAttempts.Store(0)
+		b := setup(t)
+		env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: b.l, Tenant: "acme"})
+		env.RegisterActivity("flaky", func(context.Context) error {
+			stepAttempts.Add(1)
+			return errors.New("the downstream is down")
+		})
+		env.RegisterActivity("undo.flaky", func(ctx context.Context) error {
+			deadline.Store(int64(tactivity.GetInfo(ctx).ScheduleToCloseTimeout))
+			if undoAttempts.Add(1) < 9 {
+				return errors.New("the database is restarting")
+			}
+			return nil
+		})
+		env.RegisterWorkflow("bounded", func(ctx workflow.Context) error {
+			return saga.RunErr(ctx, &saga.Options{Key: "bounded"}, func(ctx workflow.Context, s *saga.Saga) error {
+				if withOptions { // options, but no retry policy
+					ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute})
+				}
+				return s.Do(ctx, saga.Step{Name: "flaky", Activity: "flaky", Compensation: "undo.flaky"}, nil)
+			})
+		})
+		env.ExecuteWorkflow("bounded")
+		var app *temporal.ApplicationError
+		require.ErrorAs(t, env.GetWorkflowError(), &app)
+		require.Equal(t, saga.ErrTypeCompensated, app.Type(), "undo attempts %d: %v", undoAttempts.Load(), env.GetWorkflowError())
+		require.EqualValues(t, policy.StepMaxAttemptsDefault, stepAttempts.Load())
+		require.EqualValues(t, 9, undoAttempts.Load())
+		require.EqualValues(t, policy.CompensationDeadlineDefault, deadline.Load())
+	}
 }
