@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	tactivity "go.temporal.io/sdk/activity"
 	"testing"
 	"time"
 
@@ -78,7 +79,7 @@ func TestExternal_CrashAndUncertainCall(t *testing.T) {
 	require.Equal(t, 5, calls)
 
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
-	env.RegisterActivity("payments.charge", chargeCard)
+	env.RegisterActivityWithOptions(chargeCard, tactivity.RegisterOptions{Name: "payments.charge"})
 	env.ExecuteWorkflow(oneActivity, "payments.charge", chargeReq{OrderID: "o-uncertain", Amount: 100})
 	require.NoError(t, env.GetWorkflowError())
 	testsuite.RequireExactlyOnce(t, pool, "SELECT count(*) FROM provider_charges WHERE order_id = 'o-uncertain'")
@@ -102,7 +103,7 @@ func TestDo_KeyReusedInWorkflow(t *testing.T) {
 		}, &activity.Opts{Key: key})
 	}
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
-	env.RegisterActivity("inventory.reserve", businessReserve)
+	env.RegisterActivityWithOptions(businessReserve, tactivity.RegisterOptions{Name: "inventory.reserve"})
 	env.ExecuteWorkflow(func(ctx workflow.Context) error {
 		ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
 			RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 10}})
@@ -133,7 +134,7 @@ func TestDo_DefinitiveFailureReplayed(t *testing.T) {
 	}
 	plan := testsuite.NewFaultPlan().CrashAfterEffect("payments.charge", 1)
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l, Faults: plan})
-	env.RegisterActivity("payments.charge", decline)
+	env.RegisterActivityWithOptions(decline, tactivity.RegisterOptions{Name: "payments.charge"})
 	env.ExecuteWorkflow(oneActivity, "payments.charge", chargeReq{OrderID: "o-7", Amount: 999})
 	var appErr *temporal.ApplicationError
 	require.ErrorAs(t, env.GetWorkflowError(), &appErr)
@@ -166,7 +167,7 @@ func TestOpts_Errors(t *testing.T) {
 			return reservation{}, nil
 		}, &activity.Opts{Ledger: l, Tenant: "", Key: "k"})
 	}
-	env.RegisterActivity("x", noTenant)
+	env.RegisterActivityWithOptions(noTenant, tactivity.RegisterOptions{Name: "x"})
 	env.ExecuteWorkflow(oneActivity, "x", reserveReq{OrderID: "o"})
 	require.NoError(t, env.GetWorkflowError(), "the environment's default tenant applies")
 }
@@ -176,7 +177,7 @@ func TestTenantPropagatesToActivities(t *testing.T) {
 	t.Parallel()
 	l, pool := setup(t)
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
-	env.RegisterActivity("inventory.reserve", reserve)
+	env.RegisterActivityWithOptions(reserve, tactivity.RegisterOptions{Name: "inventory.reserve"})
 	env.ExecuteWorkflow(func(ctx workflow.Context) error {
 		ctx = workflow.WithValue(ctx, keys.TenantContextKey, "tenant-42")
 		return oneActivity(ctx, "inventory.reserve", reserveReq{OrderID: "o-t", SKU: "x", Qty: 1})

@@ -3,6 +3,7 @@ package activity_test
 import (
 	"context"
 	"fmt"
+	tactivity "go.temporal.io/sdk/activity"
 	"testing"
 
 	"github.com/google/uuid"
@@ -118,7 +119,7 @@ func TestErrorOnlyActivities(t *testing.T) {
 		}, nil)
 	}
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
-	env.RegisterActivity("payments.decline", declined)
+	env.RegisterActivityWithOptions(declined, tactivity.RegisterOptions{Name: "payments.decline"})
 	env.ExecuteWorkflow(oneActivity, "payments.decline", chargeReq{OrderID: "o-dec"})
 	require.ErrorContains(t, env.GetWorkflowError(), "card_declined")
 

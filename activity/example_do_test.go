@@ -3,6 +3,7 @@ package activity_test
 import (
 	"context"
 	"fmt"
+	tactivity "go.temporal.io/sdk/activity"
 	"os"
 	"time"
 
@@ -56,8 +57,8 @@ func ExampleDo() {
 		Ledger: l,
 		Faults: testsuite.NewFaultPlan().CrashAfterEffect("inventory.reserve"),
 	})
-	env.RegisterActivity("inventory.reserve", reserve)
-	env.RegisterWorkflow("checkout", checkout)
+	env.RegisterActivityWithOptions(reserve, tactivity.RegisterOptions{Name: "inventory.reserve"})
+	env.RegisterWorkflowWithOptions(checkout, workflow.RegisterOptions{Name: "checkout"})
 	req := Reserve{OrderID: uuid.NewString(), SKU: "book"}
 	env.ExecuteWorkflow("checkout", req)
 

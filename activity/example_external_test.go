@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	tactivity "go.temporal.io/sdk/activity"
 	"os"
 	"sync"
 	"time"
@@ -72,8 +73,8 @@ func ExampleExternal() {
 		return chargeID, err
 	}
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
-	env.RegisterActivity("payments.charge", chargeCard)
-	env.RegisterWorkflow("pay", pay)
+	env.RegisterActivityWithOptions(chargeCard, tactivity.RegisterOptions{Name: "payments.charge"})
+	env.RegisterWorkflowWithOptions(pay, workflow.RegisterOptions{Name: "pay"})
 	env.ExecuteWorkflow("pay", Charge{OrderID: "order-42", Amount: 4200})
 
 	var chargeID string

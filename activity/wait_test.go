@@ -39,12 +39,12 @@ func TestDo_WaitsHeartbeatingForInFlightDuplicate(t *testing.T) {
 		}, &activity.Opts{Key: key, Operation: "inventory.reserve"})
 	}
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
-	env.RegisterActivity("first", slow)
-	env.RegisterActivity("second", func(ctx context.Context, req reserveReq) (reservation, error) {
+	env.RegisterActivityWithOptions(slow, tactivity.RegisterOptions{Name: "first"})
+	env.RegisterActivityWithOptions(func(ctx context.Context, req reserveReq) (reservation, error) {
 		<-holding
 		req.SKU = "first" // the same intent as the first
 		return slow(ctx, req)
-	})
+	}, tactivity.RegisterOptions{Name: "second"})
 	env.SetOnActivityHeartbeatListener(func(info *tactivity.Info, _ converter.EncodedValues) {
 		if info.ActivityType.Name == "second" {
 			heartbeats.Add(1)

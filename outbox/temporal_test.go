@@ -2,6 +2,8 @@ package outbox_test
 
 import (
 	"context"
+	tactivity "go.temporal.io/sdk/activity"
+	tworker "go.temporal.io/sdk/worker"
 	"testing"
 	"time"
 
@@ -24,22 +26,24 @@ func TestTemporalPublisher_DuplicatePublishIsRejectedByTemporal(t *testing.T) {
 	b := setup(t)
 	srv := testsuite.StartDevServer(t)
 	ctx := context.Background()
-	c, err := worker.Dial(ctx, client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: testsuite.QuietLogger{}})
+	l, err := ledger.New(b.pool, &ledger.Config{Schema: b.schema})
+	require.NoError(t, err)
+	plugin, err := worker.NewPlugin(worker.Config{Ledger: l, DefaultTenant: "bank"})
+	require.NoError(t, err)
+	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: testsuite.QuietLogger{},
+		Plugins: []client.Plugin{plugin}})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	queue := "outbox-" + b.schema
-	l, err := ledger.New(b.pool, &ledger.Config{Schema: b.schema})
-	require.NoError(t, err)
-	w, err := worker.New(c, queue, l, &worker.Options{DefaultTenant: "bank"})
-	require.NoError(t, err)
-	w.RegisterWorkflow("statements.book", func(ctx workflow.Context, eventID string, payload []byte) error {
+	w := tworker.New(c, queue, tworker.Options{})
+	w.RegisterWorkflowWithOptions(func(ctx workflow.Context, eventID string, payload []byte) error {
 		ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: 10 * time.Second})
 		return workflow.ExecuteActivity(ctx, "statements.insert", eventID).Get(ctx, nil)
-	})
-	w.RegisterActivity("statements.insert", func(ctx context.Context, eventID string) error {
+	}, workflow.RegisterOptions{Name: "statements.book"})
+	w.RegisterActivityWithOptions(func(ctx context.Context, eventID string) error {
 		_, err := b.pool.Exec(ctx, `INSERT INTO statements (event_id, account, amount) VALUES ($1, 'acc', 1)`, uuid.MustParse(eventID))
 		return err
-	})
+	}, tactivity.RegisterOptions{Name: "statements.insert"})
 	require.NoError(t, w.Start())
 	t.Cleanup(w.Stop)
 

@@ -2,6 +2,9 @@ package saga_test
 
 import (
 	"context"
+	tactivity "go.temporal.io/sdk/activity"
+	tworker "go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
 	"testing"
 	"time"
 
@@ -24,16 +27,18 @@ func TestRun_ResubmissionOnRealServer(t *testing.T) {
 	k := newBank(t)
 	k.gate, k.entered = make(chan struct{}), make(chan struct{}, 1)
 	ctx := keys.WithTenant(context.Background(), "acme")
-	c, err := worker.Dial(ctx, client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{}})
+	plugin, err := worker.NewPlugin(worker.Config{Ledger: k.l})
+	require.NoError(t, err)
+	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{},
+		Plugins: []client.Plugin{plugin}})
 	require.NoError(t, err)
 	defer c.Close()
-	w, err := worker.New(c, "transfers", k.l, nil)
-	require.NoError(t, err)
-	w.RegisterWorkflow("transfer", transferWorkflow)
+	w := tworker.New(c, "transfers", tworker.Options{})
+	w.RegisterWorkflowWithOptions(transferWorkflow, workflow.RegisterOptions{Name: "transfer"})
 	for _, step := range []string{"withdraw", "deposit", "notify"} {
-		w.RegisterActivity(step, k.act(step))
+		w.RegisterActivityWithOptions(k.act(step), tactivity.RegisterOptions{Name: step})
 	}
-	w.RegisterActivity("undo", k.undo)
+	w.RegisterActivityWithOptions(k.undo, tactivity.RegisterOptions{Name: "undo"})
 	require.NoError(t, w.Start())
 	defer w.Stop()
 

@@ -3,6 +3,7 @@ package saga_test
 import (
 	"context"
 	"errors"
+	ttestsuite "go.temporal.io/sdk/testsuite"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,11 +87,11 @@ func transferWorkflow(ctx workflow.Context, tr transfer) (string, error) {
 		})
 }
 
-func (k *bank) env(id string) *testsuite.WorkflowEnvironment {
+func (k *bank) env(id string) *ttestsuite.TestWorkflowEnvironment {
 	env := k.bundle.env(nil)
-	env.RegisterWorkflow("transfer", transferWorkflow)
+	env.RegisterWorkflowWithOptions(transferWorkflow, workflow.RegisterOptions{Name: "transfer"})
 	for _, step := range []string{"withdraw", "deposit", "notify"} {
-		env.RegisterActivity(step, k.act(step))
+		env.RegisterActivityWithOptions(k.act(step), tactivity.RegisterOptions{Name: step})
 	}
 	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: id})
 	return env
@@ -218,7 +219,7 @@ func TestRun_ErrorSaysEachCauseOnce(t *testing.T) {
 
 	// A wiring error (no ledger on the worker) is said once too.
 	bare := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Tenant: "acme"})
-	bare.RegisterWorkflow("transfer", transferWorkflow)
+	bare.RegisterWorkflowWithOptions(transferWorkflow, workflow.RegisterOptions{Name: "transfer"})
 	bare.ExecuteWorkflow("transfer", transfer{ID: "t-6", Amount: 1})
 	err = bare.GetWorkflowError()
 	require.ErrorContains(t, err, "no ledger")
@@ -251,18 +252,18 @@ func TestStepResult_CompensationReadsItsStep(t *testing.T) {
 		return nil
 	}
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: b.l, Tenant: "acme"})
-	env.RegisterWorkflow("saga", inspectWorkflow)
-	env.RegisterActivity("step", b.step)
-	env.RegisterActivity("undo", inspect)
+	env.RegisterWorkflowWithOptions(inspectWorkflow, workflow.RegisterOptions{Name: "saga"})
+	env.RegisterActivityWithOptions(b.step, tactivity.RegisterOptions{Name: "step"})
+	env.RegisterActivityWithOptions(inspect, tactivity.RegisterOptions{Name: "undo"})
 	env.ExecuteWorkflow("saga", plan{Key: "order-inspect", Steps: []string{"reserve", "charge"}, FailAt: "charge"})
 	require.Error(t, env.GetWorkflowError())
 	require.Equal(t, map[string]string{"reserve": "completed+result", "charge": "failed"}, seen)
 
 	// A step whose activity failed before it recorded anything has nothing to undo.
 	env = testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: b.l, Tenant: "acme"})
-	env.RegisterWorkflow("saga", inspectWorkflow)
-	env.RegisterActivity("step", func(context.Context, string, plan) error { return errors.New("refused at the door") })
-	env.RegisterActivity("undo", inspect)
+	env.RegisterWorkflowWithOptions(inspectWorkflow, workflow.RegisterOptions{Name: "saga"})
+	env.RegisterActivityWithOptions(func(context.Context, string, plan) error { return errors.New("refused at the door") }, tactivity.RegisterOptions{Name: "step"})
+	env.RegisterActivityWithOptions(inspect, tactivity.RegisterOptions{Name: "undo"})
 	env.ExecuteWorkflow("saga", plan{Key: "order-inspect-2", Steps: []string{"ship"}})
 	require.Error(t, env.GetWorkflowError())
 	require.Equal(t, "not run", seen["ship"])
@@ -298,25 +299,25 @@ func TestDo_StepsHaveBoundedRetries(t *testing.T) {
 		undoAttempts.Store(0)
 		b := setup(t)
 		env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: b.l, Tenant: "acme"})
-		env.RegisterActivity("flaky", func(context.Context) error {
+		env.RegisterActivityWithOptions(func(context.Context) error {
 			stepAttempts.Add(1)
 			return errors.New("the downstream is down")
-		})
-		env.RegisterActivity("undo.flaky", func(ctx context.Context) error {
+		}, tactivity.RegisterOptions{Name: "flaky"})
+		env.RegisterActivityWithOptions(func(ctx context.Context) error {
 			deadline.Store(int64(tactivity.GetInfo(ctx).ScheduleToCloseTimeout))
 			if undoAttempts.Add(1) < 9 {
 				return errors.New("the database is restarting")
 			}
 			return nil
-		})
-		env.RegisterWorkflow("bounded", func(ctx workflow.Context) error {
+		}, tactivity.RegisterOptions{Name: "undo.flaky"})
+		env.RegisterWorkflowWithOptions(func(ctx workflow.Context) error {
 			return saga.RunErr(ctx, &saga.Options{Key: "bounded"}, func(ctx workflow.Context, s *saga.Saga) error {
 				if withOptions { // options, but no retry policy
 					ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute})
 				}
 				return s.Do(ctx, saga.Step{Name: "flaky", Activity: "flaky", Compensation: "undo.flaky"}, nil)
 			})
-		})
+		}, workflow.RegisterOptions{Name: "bounded"})
 		env.ExecuteWorkflow("bounded")
 		var app *temporal.ApplicationError
 		require.ErrorAs(t, env.GetWorkflowError(), &app)

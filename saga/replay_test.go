@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"context"
+	tactivity "go.temporal.io/sdk/activity"
 	"os"
 	"testing"
 	"time"
@@ -39,14 +40,16 @@ func TestSaga_RecordHistory(t *testing.T) {
 	b := setup(t)
 	srv := testsuite.StartDevServer(t)
 	ctx := keys.WithTenant(context.Background(), "acme")
-	c, err := worker.Dial(ctx, client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{}})
+	plugin, err := worker.NewPlugin(worker.Config{Ledger: b.l})
+	require.NoError(t, err)
+	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{},
+		Plugins: []client.Plugin{plugin}})
 	require.NoError(t, err)
 	defer c.Close()
-	w, err := worker.New(c, "saga-record", b.l, nil)
-	require.NoError(t, err)
-	w.RegisterWorkflow("saga", sagaWorkflow)
-	w.RegisterActivity("step", b.step)
-	w.RegisterActivity("undo", b.undo)
+	w := tworker.New(c, "saga-record", tworker.Options{})
+	w.RegisterWorkflowWithOptions(sagaWorkflow, workflow.RegisterOptions{Name: "saga"})
+	w.RegisterActivityWithOptions(b.step, tactivity.RegisterOptions{Name: "step"})
+	w.RegisterActivityWithOptions(b.undo, tactivity.RegisterOptions{Name: "undo"})
 	require.NoError(t, w.Start())
 	defer w.Stop()
 	run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{TaskQueue: "saga-record", WorkflowExecutionTimeout: time.Minute},

@@ -3,6 +3,8 @@ package saga_test
 import (
 	"context"
 	"errors"
+	tactivity "go.temporal.io/sdk/activity"
+	ttestsuite "go.temporal.io/sdk/testsuite"
 	"testing"
 	"time"
 
@@ -104,11 +106,11 @@ func (b *bundle) undo(ctx context.Context, name string, p plan) error {
 	return err
 }
 
-func (b *bundle) env(faults *testsuite.FaultPlan) *testsuite.WorkflowEnvironment {
+func (b *bundle) env(faults *testsuite.FaultPlan) *ttestsuite.TestWorkflowEnvironment {
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: b.l, Faults: faults, Tenant: "acme"})
-	env.RegisterWorkflow("saga", sagaWorkflow)
-	env.RegisterActivity("step", b.step)
-	env.RegisterActivity("undo", b.undo)
+	env.RegisterWorkflowWithOptions(sagaWorkflow, workflow.RegisterOptions{Name: "saga"})
+	env.RegisterActivityWithOptions(b.step, tactivity.RegisterOptions{Name: "step"})
+	env.RegisterActivityWithOptions(b.undo, tactivity.RegisterOptions{Name: "undo"})
 	return env
 }
 

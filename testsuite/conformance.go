@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	tactivity "go.temporal.io/sdk/activity"
 	"reflect"
 	"slices"
 	"sync"
@@ -147,8 +148,8 @@ func runPoint[Req any](c Case[Req], point CrashPoint) (Report, bool, error) {
 	}
 	plan := NewFaultPlan().CrashAt(c.Name, point, 1)
 	env := NewWorkflowEnvironment(&EnvOpts{Ledger: c.Ledger, Tenant: tenant + "-" + uuid.NewString()[:8], Faults: plan})
-	env.RegisterActivity(c.Name, c.Activity)
-	env.RegisterWorkflow("oncekit.testsuite.Conformance", conformanceWorkflow[Req])
+	env.RegisterActivityWithOptions(c.Activity, tactivity.RegisterOptions{Name: c.Name})
+	env.RegisterWorkflowWithOptions(conformanceWorkflow[Req], workflow.RegisterOptions{Name: "oncekit.testsuite.Conformance"})
 	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "oncekit-conformance-" + string(point)})
 	env.ExecuteWorkflow("oncekit.testsuite.Conformance", c.Name, c.Local, c.Request)
 	if !env.IsWorkflowCompleted() {

@@ -12,7 +12,6 @@ import (
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/testsuite"
-	"github.com/oncekit/oncekit/worker"
 )
 
 // A workflow activity completes its effect and its worker is SIGKILLed before it reports
@@ -30,7 +29,7 @@ func TestCrashBeforeComplete_RealServerKilledWorker(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, effectsSchema)
 	require.NoError(t, err)
-	c, err := worker.Dial(ctx, client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{}})
+	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{}})
 	require.NoError(t, err)
 	t.Cleanup(c.Close) // the subtests run in parallel, after this function returns
 

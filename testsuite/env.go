@@ -6,7 +6,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/interceptor"
 	ttestsuite "go.temporal.io/sdk/testsuite"
 	tworker "go.temporal.io/sdk/worker"
@@ -36,27 +35,12 @@ type EnvOpts struct {
 	Faults *FaultPlan
 }
 
-// WorkflowEnvironment is Temporal's in-memory test workflow environment with oncekit
-// wired in. It registers activities and workflows under explicit names, as
-// [worker.Worker] does; every method of Temporal's environment is available too.
-type WorkflowEnvironment struct {
-	*ttestsuite.TestWorkflowEnvironment
-}
-
-// RegisterActivity registers fn under name.
-func (e *WorkflowEnvironment) RegisterActivity(name string, fn any) {
-	e.RegisterActivityWithOptions(fn, tactivity.RegisterOptions{Name: name})
-}
-
-// RegisterWorkflow registers fn under name.
-func (e *WorkflowEnvironment) RegisterWorkflow(name string, fn any) {
-	e.RegisterWorkflowWithOptions(fn, workflow.RegisterOptions{Name: name})
-}
-
 // NewWorkflowEnvironment returns Temporal's in-memory test workflow environment with
-// oncekit wired in as [worker.New] wires a real worker: the ledger and tenant in every
-// activity's context, the tenant propagator, and the fault plan.
-func NewWorkflowEnvironment(opts *EnvOpts) *WorkflowEnvironment {
+// oncekit wired in as the worker plugin wires a real worker (the ledger and tenant in
+// every activity's context, keys carried to activities, the activities of package saga)
+// plus the tenant propagator and the fault plan. Register your workflows and activities
+// on it as on any Temporal environment.
+func NewWorkflowEnvironment(opts *EnvOpts) *ttestsuite.TestWorkflowEnvironment {
 	o := EnvOpts{}
 	if opts != nil {
 		o = *opts
@@ -71,13 +55,11 @@ func NewWorkflowEnvironment(opts *EnvOpts) *WorkflowEnvironment {
 	if o.Faults != nil {
 		ics = append(ics, o.Faults.Interceptor())
 	}
-	if o.Ledger != nil {
-		ics = append(ics, worker.Interceptor(o.Ledger, o.Tenant))
-	}
+	ics = append(ics, worker.Interceptor(o.Ledger, o.Tenant))
 	env.SetWorkerOptions(tworker.Options{Interceptors: ics})
-	activity.RegisterSaga(env)
 	env.SetContextPropagators([]workflow.ContextPropagator{worker.TenantPropagator()})
-	return &WorkflowEnvironment{env}
+	activity.RegisterSaga(env)
+	return env
 }
 
 // Querier runs a query: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.

@@ -2,6 +2,8 @@ package testsuite_test
 
 import (
 	"context"
+	tactivity "go.temporal.io/sdk/activity"
+	tworker "go.temporal.io/sdk/worker"
 	"testing"
 	"time"
 
@@ -80,15 +82,17 @@ func setupServerWorker(t *testing.T) (client.Client, *pgxpool.Pool, string, stri
 	require.NoError(t, err)
 	l, err := ledger.New(pool, &ledger.Config{Schema: schema})
 	require.NoError(t, err)
-	c, err := worker.Dial(ctx, client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{}})
+	plugin, err := worker.NewPlugin(worker.Config{Ledger: l})
+	require.NoError(t, err)
+	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{},
+		Plugins: []client.Plugin{plugin}})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	queue := "strategies-" + schema
-	w, err := worker.New(c, queue, l, nil)
-	require.NoError(t, err)
-	w.RegisterWorkflow("strategies.can", stepWorkflow)
-	w.RegisterWorkflow("strategies.once", onceWorkflow)
-	w.RegisterActivity("strategies.reserve", reserveStep)
+	w := tworker.New(c, queue, tworker.Options{})
+	w.RegisterWorkflowWithOptions(stepWorkflow, workflow.RegisterOptions{Name: "strategies.can"})
+	w.RegisterWorkflowWithOptions(onceWorkflow, workflow.RegisterOptions{Name: "strategies.once"})
+	w.RegisterActivityWithOptions(reserveStep, tactivity.RegisterOptions{Name: "strategies.reserve"})
 	require.NoError(t, w.Start())
 	t.Cleanup(w.Stop)
 	return c, pool, queue, schema

@@ -3,6 +3,8 @@ package testsuite_test
 import (
 	"context"
 	"fmt"
+	tactivity "go.temporal.io/sdk/activity"
+	tworker "go.temporal.io/sdk/worker"
 	"os"
 	"time"
 
@@ -79,7 +81,11 @@ func runCrashWorker(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c, err := worker.Dial(ctx, client.Options{HostPort: os.Getenv(envTemporal), Logger: devserver.QuietLogger{}})
+	plugin, err := worker.NewPlugin(worker.Config{Ledger: l, DefaultTenant: "acme"})
+	if err != nil {
+		return err
+	}
+	c, err := client.Dial(client.Options{HostPort: os.Getenv(envTemporal), Logger: devserver.QuietLogger{}, Plugins: []client.Plugin{plugin}})
 	if err != nil {
 		return err
 	}
@@ -91,12 +97,9 @@ func runCrashWorker(ctx context.Context) error {
 			<-ctx.Done() // the parent kills the process here
 		}
 	}
-	w, err := worker.New(c, os.Getenv(envQueue), l, &worker.Options{DefaultTenant: "acme"})
-	if err != nil {
-		return err
-	}
-	w.RegisterWorkflow("crash.one", oneActivityWorkflow)
-	w.RegisterActivity(guardedLocal, func(ctx context.Context, o order) (int64, error) {
+	w := tworker.New(c, os.Getenv(envQueue), tworker.Options{})
+	w.RegisterWorkflowWithOptions(oneActivityWorkflow, workflow.RegisterOptions{Name: "crash.one"})
+	w.RegisterActivityWithOptions(func(ctx context.Context, o order) (int64, error) {
 		id, err := activity.Do(ctx, o, func(ctx context.Context, tx pgx.Tx, _ keys.Key, o order) (int64, error) {
 			var id int64
 			err := tx.QueryRow(ctx, `INSERT INTO reservations (order_id) VALUES ($1) RETURNING id`, o.OrderID).Scan(&id)
@@ -106,16 +109,16 @@ func runCrashWorker(ctx context.Context) error {
 			afterEffect(ctx, guardedLocal)
 		}
 		return id, err
-	})
-	w.RegisterActivity(plainLocal, func(ctx context.Context, o order) (int64, error) {
+	}, tactivity.RegisterOptions{Name: guardedLocal})
+	w.RegisterActivityWithOptions(func(ctx context.Context, o order) (int64, error) {
 		var id int64
 		err := pool.QueryRow(ctx, `INSERT INTO reservations (order_id) VALUES ($1) RETURNING id`, o.OrderID).Scan(&id)
 		if err == nil {
 			afterEffect(ctx, plainLocal)
 		}
 		return id, err
-	})
-	w.RegisterActivity(guardedExternal, func(ctx context.Context, o order) (int64, error) {
+	}, tactivity.RegisterOptions{Name: plainLocal})
+	w.RegisterActivityWithOptions(func(ctx context.Context, o order) (int64, error) {
 		return activity.External(ctx, o, func(ctx context.Context, call activity.Call, o order) (int64, error) {
 			id, err := chargeProvider(ctx, pool, string(call.DownstreamKey), o)
 			if err == nil {
@@ -123,8 +126,8 @@ func runCrashWorker(ctx context.Context) error {
 			}
 			return id, err
 		}, nil)
-	})
-	w.RegisterActivity(wrongKeyExternal, func(ctx context.Context, o order) (int64, error) {
+	}, tactivity.RegisterOptions{Name: guardedExternal})
+	w.RegisterActivityWithOptions(func(ctx context.Context, o order) (int64, error) {
 		return activity.External(ctx, o, func(ctx context.Context, call activity.Call, o order) (int64, error) {
 			id, err := chargeProvider(ctx, pool, uuid.NewString(), o)
 			if err == nil {
@@ -132,15 +135,15 @@ func runCrashWorker(ctx context.Context) error {
 			}
 			return id, err
 		}, nil)
-	})
-	w.RegisterActivity(plainExternal, func(ctx context.Context, o order) (int64, error) {
+	}, tactivity.RegisterOptions{Name: wrongKeyExternal})
+	w.RegisterActivityWithOptions(func(ctx context.Context, o order) (int64, error) {
 		// A fresh key per attempt: what a call without oncekit's downstream key amounts to.
 		id, err := chargeProvider(ctx, pool, uuid.NewString(), o)
 		if err == nil {
 			afterEffect(ctx, plainExternal)
 		}
 		return id, err
-	})
+	}, tactivity.RegisterOptions{Name: plainExternal})
 	if err := w.Start(); err != nil {
 		return err
 	}

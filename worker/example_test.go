@@ -4,21 +4,31 @@ import (
 	"context"
 	"log"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/client"
+	tworker "go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/worker"
 )
 
-func reserveInventory(ctx context.Context, orderID string) error { return nil }
+// Inventory holds the activities of the checkout; registered as a struct, its methods
+// are activities named after them ("Reserve"), and the name scopes their keys.
+type Inventory struct{ pool *pgxpool.Pool }
 
-func checkoutWorkflow() {}
+func (i *Inventory) Reserve(ctx context.Context, orderID string) error { return nil }
 
-// A worker main: the ledger, a client with tenant propagation, and activities under
-// explicit names. Only oncekit's worker package is imported for the worker itself.
-func ExampleNew() {
+func Checkout(ctx workflow.Context, orderID string) error {
+	ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute})
+	return workflow.ExecuteActivity(ctx, "Reserve", orderID).Get(ctx, nil)
+}
+
+// A worker main: Temporal's client.Dial and worker.New, and one line for oncekit, the
+// plugin in the client's options, which every worker of the client picks up.
+func ExampleNewPlugin() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
@@ -31,18 +41,19 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	c, err := worker.Dial(ctx, client.Options{HostPort: os.Getenv("TEMPORAL_ADDRESS")})
+	plugin, err := worker.NewPlugin(worker.Config{Ledger: l})
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := client.Dial(client.Options{HostPort: os.Getenv("TEMPORAL_ADDRESS"), Plugins: []client.Plugin{plugin}})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer c.Close()
-	w, err := worker.New(c, "checkout", l, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	w.RegisterWorkflow("checkout", checkoutWorkflow)
-	w.RegisterActivity("inventory.reserve", reserveInventory)
-	if err := w.Run(worker.InterruptCh()); err != nil {
+	w := tworker.New(c, "checkout", tworker.Options{})
+	w.RegisterWorkflow(Checkout)
+	w.RegisterActivity(&Inventory{pool: pool})
+	if err := w.Run(tworker.InterruptCh()); err != nil {
 		log.Fatal(err)
 	}
 }

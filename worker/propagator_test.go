@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	tactivity "go.temporal.io/sdk/activity"
 	"testing"
 	"time"
 
@@ -19,12 +20,12 @@ func TestPropagator_TenantAndKey(t *testing.T) {
 	t.Parallel()
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Tenant: "fallback"})
 	type seen struct{ Tenant, Key string }
-	env.RegisterActivity("observe", func(ctx context.Context) (seen, error) {
+	env.RegisterActivityWithOptions(func(ctx context.Context) (seen, error) {
 		tenant, _ := keys.TenantFrom(ctx)
 		key, _ := keys.KeyFrom(ctx)
 		return seen{tenant, string(key)}, nil
-	})
-	env.RegisterWorkflow("child", func(ctx workflow.Context) (seen, error) {
+	}, tactivity.RegisterOptions{Name: "observe"})
+	env.RegisterWorkflowWithOptions(func(ctx workflow.Context) (seen, error) {
 		tenant, _ := keys.TenantFrom(ctx)
 		_, hasKey := keys.KeyFrom(ctx)
 		s := seen{Tenant: tenant}
@@ -32,8 +33,8 @@ func TestPropagator_TenantAndKey(t *testing.T) {
 			s.Key = "leaked"
 		}
 		return s, nil
-	})
-	env.RegisterWorkflow("parent", func(ctx workflow.Context) ([]seen, error) {
+	}, workflow.RegisterOptions{Name: "child"})
+	env.RegisterWorkflowWithOptions(func(ctx workflow.Context) ([]seen, error) {
 		ctx = workflow.WithValue(ctx, keys.TenantContextKey, "tenant-1")
 		actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute})
 		var withKey, without, child seen
@@ -48,7 +49,7 @@ func TestPropagator_TenantAndKey(t *testing.T) {
 			return nil, err
 		}
 		return []seen{withKey, without, child}, nil
-	})
+	}, workflow.RegisterOptions{Name: "parent"})
 	env.ExecuteWorkflow("parent")
 	require.NoError(t, env.GetWorkflowError())
 	var got []seen

@@ -2,6 +2,8 @@ package worker_test
 
 import (
 	"context"
+	tactivity "go.temporal.io/sdk/activity"
+	tworker "go.temporal.io/sdk/worker"
 	"testing"
 	"time"
 
@@ -51,20 +53,22 @@ func TestWorker_DefaultTenantWithPlainClient(t *testing.T) {
 		return out, err
 	}
 	for _, tc := range []struct {
-		queue string
-		opts  *worker.Options
-	}{{"default-tenant", nil}, {"require-tenant", &worker.Options{RequireTenant: true}}} {
-		w, err := worker.New(c, tc.queue, l, tc.opts)
+		queue   string
+		require bool
+	}{{"default-tenant", false}, {"require-tenant", true}} {
+		// The plugin on the worker alone; the client is Temporal's, untouched.
+		plugin, err := worker.NewPlugin(worker.Config{Ledger: l, RequireTenant: tc.require})
 		require.NoError(t, err)
-		w.RegisterWorkflow("pay", wf)
-		w.RegisterActivity("charge", charge)
+		w := tworker.New(c, tc.queue, tworker.Options{Plugins: []tworker.Plugin{plugin}})
+		w.RegisterWorkflowWithOptions(wf, workflow.RegisterOptions{Name: "pay"})
+		w.RegisterActivityWithOptions(charge, tactivity.RegisterOptions{Name: "charge"})
 		require.NoError(t, w.Start())
 		defer w.Stop()
 		run, err := c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{TaskQueue: tc.queue, WorkflowExecutionTimeout: time.Minute}, "pay", 42)
 		require.NoError(t, err)
 		var out int
 		err = run.Get(ctx, &out)
-		if tc.opts == nil {
+		if !tc.require {
 			require.NoError(t, err)
 			require.Equal(t, 42, out)
 			testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM `+schema+`.idempotency_records WHERE tenant = $1`, worker.TenantDefault)

@@ -5,10 +5,8 @@ import (
 	"errors"
 
 	commonpb "go.temporal.io/api/common/v1"
-	tactivity "go.temporal.io/sdk/activity"
-	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/interceptor"
-	tworker "go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"
@@ -16,13 +14,19 @@ import (
 	"github.com/oncekit/oncekit/ledger"
 )
 
-// Options configure a [Worker]. A nil *Options means all defaults.
-type Options struct {
-	// Worker are Temporal's worker options; oncekit's interceptor is appended to
-	// Worker.Interceptors. Defaults to Temporal's defaults.
-	Worker tworker.Options
+// PluginName is the name the plugin reports to Temporal.
+const PluginName = "oncekit"
+
+// TenantDefault is the tenant of activities whose workflow carried none, unless the
+// plugin's Config says otherwise. A single-tenant system never needs another.
+const TenantDefault = "default"
+
+// Config configures the plugin. Ledger is required.
+type Config struct {
+	// Ledger is put in every activity's context, where package activity finds it.
+	Ledger *ledger.Ledger
 	// DefaultTenant is the tenant of activities whose workflow carried none, such as
-	// workflows started by a plain Temporal client. Defaults to [TenantDefault].
+	// workflows started without keys.WithTenant. Defaults to [TenantDefault].
 	DefaultTenant string
 	// RequireTenant makes activities whose workflow carried no tenant fail with a
 	// non-retryable error that says so, instead of running under DefaultTenant: for
@@ -30,75 +34,42 @@ type Options struct {
 	RequireTenant bool
 }
 
-// TenantDefault is the tenant of activities whose workflow carried none, unless the
-// worker's options say otherwise. A single-tenant system never needs another.
-const TenantDefault = "default"
-
-// Worker is a Temporal worker with oncekit wired in.
-type Worker struct {
-	w tworker.Worker
-}
-
-// New returns a worker polling taskQueue through c, whose activities find l and their
-// tenant in their context, with the activities of package saga registered.
-func New(c client.Client, taskQueue string, l *ledger.Ledger, opts *Options) (*Worker, error) {
-	if c == nil || l == nil {
-		return nil, errors.New("oncekit/worker: New needs a client and a ledger")
+// NewPlugin returns oncekit's Temporal plugin. Put it in client.Options.Plugins, and
+// every worker created from that client gets it too (or put it in a worker's
+// Options.Plugins alone). It adds the tenant propagator to the client ([TenantPropagator])
+// and, on each worker, the interceptor that hands activities the ledger and their
+// tenant ([Interceptor]) and the activities package saga records outcomes with
+// (activity.RegisterSaga).
+func NewPlugin(cfg Config) (*temporal.SimplePlugin, error) {
+	if cfg.Ledger == nil {
+		return nil, errors.New("oncekit/worker: Config.Ledger is required")
 	}
-	o := Options{}
-	if opts != nil {
-		o = *opts
-	}
-	tenant := o.DefaultTenant
+	tenant := cfg.DefaultTenant
 	switch {
-	case o.RequireTenant:
+	case cfg.RequireTenant:
 		tenant = ""
 	case tenant == "":
 		tenant = TenantDefault
 	}
-	wo := o.Worker
-	wo.Interceptors = append(append([]interceptor.WorkerInterceptor{}, wo.Interceptors...), Interceptor(l, tenant))
-	w := tworker.New(c, taskQueue, wo)
-	activity.RegisterSaga(w)
-	return &Worker{w: w}, nil
-}
-
-// RegisterActivity registers fn under name. The name scopes the activity's keys (it is
-// the default operation), so keep it stable.
-func (w *Worker) RegisterActivity(name string, fn any) {
-	w.w.RegisterActivityWithOptions(fn, tactivity.RegisterOptions{Name: name})
-}
-
-// RegisterWorkflow registers fn under name.
-func (w *Worker) RegisterWorkflow(name string, fn any) {
-	w.w.RegisterWorkflowWithOptions(fn, workflow.RegisterOptions{Name: name})
-}
-
-// Start starts the worker without blocking.
-func (w *Worker) Start() error { return w.w.Start() }
-
-// Stop stops the worker.
-func (w *Worker) Stop() { w.w.Stop() }
-
-// Run runs the worker until interruptCh delivers, see [InterruptCh].
-func (w *Worker) Run(interruptCh <-chan any) error { return w.w.Run(interruptCh) }
-
-// Temporal returns the underlying Temporal worker.
-func (w *Worker) Temporal() tworker.Worker { return w.w }
-
-// InterruptCh returns a channel that delivers on SIGINT and SIGTERM.
-func InterruptCh() <-chan any { return tworker.InterruptCh() }
-
-// Dial connects a Temporal client with oncekit's tenant propagator added to opts.
-func Dial(ctx context.Context, opts client.Options) (client.Client, error) {
-	opts.ContextPropagators = append(append([]workflow.ContextPropagator{}, opts.ContextPropagators...), TenantPropagator())
-	return client.DialContext(ctx, opts)
+	return temporal.NewSimplePlugin(temporal.SimplePluginOptions{
+		Name:               PluginName,
+		ContextPropagators: []workflow.ContextPropagator{TenantPropagator()},
+		WorkerInterceptors: []interceptor.WorkerInterceptor{Interceptor(cfg.Ledger, tenant)},
+		RunContextBefore: func(_ context.Context, o temporal.SimplePluginRunContextBeforeOptions) error {
+			if !o.WorkflowReplayer {
+				activity.RegisterSaga(o.Registry)
+			}
+			return nil
+		},
+	})
 }
 
 // Interceptor returns the worker interceptor that puts l, and defaultTenant when the
 // activity carries no tenant, into every activity's context; an empty defaultTenant
-// leaves such activities without one. [New] installs it; use it directly when building
-// a Temporal worker by hand, together with activity.RegisterSaga.
+// leaves such activities without one. It also carries the tenant, a step's key and a
+// compensation's step from workflow code to activities in their headers. [NewPlugin]
+// installs it; use it alone on a worker built without the plugin, together with
+// activity.RegisterSaga.
 func Interceptor(l *ledger.Ledger, defaultTenant string) interceptor.WorkerInterceptor {
 	return &workerInterceptor{l: l, tenant: defaultTenant}
 }

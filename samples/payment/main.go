@@ -15,6 +15,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"go.temporal.io/sdk/workflow"
 	"net"
 	"net/http"
 	"os"
@@ -119,7 +120,8 @@ func run(cfg config) (demoReport, error) {
 	sup.start()
 	defer sup.stop()
 
-	c, err := worker.Dial(ctx, client.Options{HostPort: tmp.HostPort, Namespace: tmp.Namespace, Logger: testsuite.QuietLogger{}})
+	c, err := client.Dial(client.Options{HostPort: tmp.HostPort, Namespace: tmp.Namespace, Logger: testsuite.QuietLogger{},
+		ContextPropagators: []workflow.ContextPropagator{worker.TenantPropagator()}})
 	if err != nil {
 		return demoReport{}, err
 	}

@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	tactivity "go.temporal.io/sdk/activity"
+	tworker "go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
 	"net/http"
 	"os"
 	"time"
@@ -41,7 +44,12 @@ func runWorker(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c, err := worker.Dial(ctx, client.Options{HostPort: os.Getenv(envTemporal), Namespace: os.Getenv(envNamespace), Logger: testsuite.QuietLogger{}})
+	plugin, err := worker.NewPlugin(worker.Config{Ledger: l, DefaultTenant: "shop"})
+	if err != nil {
+		return err
+	}
+	c, err := client.Dial(client.Options{HostPort: os.Getenv(envTemporal), Namespace: os.Getenv(envNamespace), Logger: testsuite.QuietLogger{},
+		Plugins: []client.Plugin{plugin}})
 	if err != nil {
 		return err
 	}
@@ -49,22 +57,19 @@ func runWorker(ctx context.Context) error {
 	d := &deps{pool: pool, provider: os.Getenv(envProvider), http: &http.Client{Timeout: 2 * time.Second}}
 
 	queue := os.Getenv(envQueue)
-	w, err := worker.New(c, queue, l, &worker.Options{DefaultTenant: "shop"})
-	if err != nil {
-		return err
-	}
-	w.RegisterWorkflow(wfCheckout, CheckoutWorkflow)
-	w.RegisterActivity(actReserve, d.reserve)
-	w.RegisterActivity(actRelease, d.release)
-	w.RegisterActivity(actCharge, d.charge)
-	w.RegisterActivity(actRefund, d.refund)
-	w.RegisterActivity(actShip, d.ship)
-	w.RegisterWorkflow(wfNaiveCheckout, NaiveCheckoutWorkflow)
-	w.RegisterActivity("naive."+actReserve, d.naiveReserve)
-	w.RegisterActivity("naive."+actRelease, d.naiveRelease)
-	w.RegisterActivity("naive."+actCharge, d.naiveCharge)
-	w.RegisterActivity("naive."+actRefund, d.naiveRefund)
-	w.RegisterActivity("naive."+actShip, d.naiveShip)
+	w := tworker.New(c, queue, tworker.Options{})
+	w.RegisterWorkflowWithOptions(CheckoutWorkflow, workflow.RegisterOptions{Name: wfCheckout})
+	w.RegisterActivityWithOptions(d.reserve, tactivity.RegisterOptions{Name: actReserve})
+	w.RegisterActivityWithOptions(d.release, tactivity.RegisterOptions{Name: actRelease})
+	w.RegisterActivityWithOptions(d.charge, tactivity.RegisterOptions{Name: actCharge})
+	w.RegisterActivityWithOptions(d.refund, tactivity.RegisterOptions{Name: actRefund})
+	w.RegisterActivityWithOptions(d.ship, tactivity.RegisterOptions{Name: actShip})
+	w.RegisterWorkflowWithOptions(NaiveCheckoutWorkflow, workflow.RegisterOptions{Name: wfNaiveCheckout})
+	w.RegisterActivityWithOptions(d.naiveReserve, tactivity.RegisterOptions{Name: "naive." + actReserve})
+	w.RegisterActivityWithOptions(d.naiveRelease, tactivity.RegisterOptions{Name: "naive." + actRelease})
+	w.RegisterActivityWithOptions(d.naiveCharge, tactivity.RegisterOptions{Name: "naive." + actCharge})
+	w.RegisterActivityWithOptions(d.naiveRefund, tactivity.RegisterOptions{Name: "naive." + actRefund})
+	w.RegisterActivityWithOptions(d.naiveShip, tactivity.RegisterOptions{Name: "naive." + actShip})
 	if err := w.Start(); err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package transfer
 import (
 	"context"
 	"errors"
+	tactivity "go.temporal.io/sdk/activity"
 	"time"
 
 	"go.temporal.io/sdk/temporal"
@@ -186,16 +187,16 @@ func (a PlainActivities) DepositCompensation(ctx context.Context, d TransferDeta
 	return a.move(ctx, PlainPrefix+DepositCompensation, "", d.ToAccount, -d.Amount, d.ReferenceID)
 }
 
-// Registry is where the transfer registers: a worker or a test environment.
+// Registry is where the transfer registers: a Temporal worker or test environment.
 type Registry interface {
-	RegisterWorkflow(name string, fn any)
-	RegisterActivity(name string, fn any)
+	RegisterWorkflowWithOptions(fn any, opts workflow.RegisterOptions)
+	RegisterActivityWithOptions(fn any, opts tactivity.RegisterOptions)
 }
 
 // Register registers both versions' workflows and activities on r.
 func Register(r Registry, a *Activities) {
-	r.RegisterWorkflow(Workflow, TransferMoney)
-	r.RegisterWorkflow(PlainWorkflow, TransferMoneyPlain)
+	r.RegisterWorkflowWithOptions(TransferMoney, workflow.RegisterOptions{Name: Workflow})
+	r.RegisterWorkflowWithOptions(TransferMoneyPlain, workflow.RegisterOptions{Name: PlainWorkflow})
 	p := PlainActivities{a}
 	for name, fn := range map[string]any{
 		Withdraw: a.Withdraw, WithdrawCompensation: a.WithdrawCompensation, Deposit: a.Deposit,
@@ -204,6 +205,6 @@ func Register(r Registry, a *Activities) {
 		PlainPrefix + Deposit: p.Deposit, PlainPrefix + DepositCompensation: p.DepositCompensation,
 		PlainPrefix + Confirm: a.Confirm,
 	} {
-		r.RegisterActivity(name, fn)
+		r.RegisterActivityWithOptions(fn, tactivity.RegisterOptions{Name: name})
 	}
 }

@@ -3,6 +3,7 @@ package transfer_test
 import (
 	"context"
 	"fmt"
+	tworker "go.temporal.io/sdk/worker"
 	"os"
 	"testing"
 	"time"
@@ -142,15 +143,16 @@ func runWorker(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c, err := client.Dial(client.Options{HostPort: os.Getenv(envTemporal), Logger: devserver.QuietLogger{}})
+	plugin, err := worker.NewPlugin(worker.Config{Ledger: l})
+	if err != nil {
+		return err
+	}
+	c, err := client.Dial(client.Options{HostPort: os.Getenv(envTemporal), Logger: devserver.QuietLogger{}, Plugins: []client.Plugin{plugin}})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	w, err := worker.New(c, os.Getenv(envQueue), l, nil)
-	if err != nil {
-		return err
-	}
+	w := tworker.New(c, os.Getenv(envQueue), tworker.Options{})
 	crash := os.Getenv(envCrash)
 	transfer.Register(w, &transfer.Activities{Bank: &transfer.Bank{Pool: pool}, AfterMove: func(ctx context.Context, name string) {
 		if name == crash {

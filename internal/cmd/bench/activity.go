@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	tactivity "go.temporal.io/sdk/activity"
+	tworker "go.temporal.io/sdk/worker"
 	"io"
 	"sync"
 	"time"
@@ -63,16 +65,18 @@ func (b activityBench) run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	c, err := worker.Dial(ctx, client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{}})
+	plugin, err := worker.NewPlugin(worker.Config{Ledger: l, DefaultTenant: "bench"})
+	if err != nil {
+		return err
+	}
+	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{},
+		Plugins: []client.Plugin{plugin}})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	queue := "bench-" + uuid.NewString()
-	w, err := worker.New(c, queue, l, &worker.Options{DefaultTenant: "bench"})
-	if err != nil {
-		return err
-	}
+	w := tworker.New(c, queue, tworker.Options{})
 	var mu sync.Mutex
 	var replays []time.Duration
 	guarded := func(ctx context.Context, s benchStep) (int, error) {
@@ -101,9 +105,9 @@ func (b activityBench) run(ctx context.Context, out io.Writer) error {
 		})
 		return s.Step, err
 	}
-	w.RegisterWorkflow("bench.twenty", twentyActivities)
-	w.RegisterActivity("bench.guarded", guarded)
-	w.RegisterActivity("bench.plain", plain)
+	w.RegisterWorkflowWithOptions(twentyActivities, workflow.RegisterOptions{Name: "bench.twenty"})
+	w.RegisterActivityWithOptions(guarded, tactivity.RegisterOptions{Name: "bench.guarded"})
+	w.RegisterActivityWithOptions(plain, tactivity.RegisterOptions{Name: "bench.plain"})
 	if err := w.Start(); err != nil {
 		return err
 	}
