@@ -50,7 +50,7 @@ type Opts struct {
 	// call (keys.KeyContextKey, as package saga does), then to the key of Strategy.
 	Key keys.Key
 	// Wait bounds how long the attempt waits, heartbeating, for another attempt holding
-	// the key. Defaults to [WaitDefault]; a negative value fails fast.
+	// the key. Defaults to [WaitDefault]; ledger.NoWait (any negative value) fails fast.
 	Wait time.Duration
 	// Purpose derives [Call].DownstreamKey in [External]. Defaults to [PurposeDefault].
 	Purpose string

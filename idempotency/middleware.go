@@ -66,7 +66,7 @@ type Config struct {
 	// [MaxBodyDefault].
 	MaxBodyBytes int64
 	// Wait is how long a duplicate of an in-flight request waits for it before it gets
-	// 409. Defaults to 0: answer 409 at once.
+	// 409. Defaults to not waiting (409 at once), as does ledger.NoWait.
 	Wait time.Duration
 	// StoreFunc decides which final statuses are stored and replayed; a status it
 	// refuses rolls the handler's writes back and frees the key. A refused status below

@@ -18,7 +18,7 @@ type ClaimOpts struct {
 	// it longer than the external call can take. Defaults to [Config].Lease.
 	Lease time.Duration
 	// Wait bounds how long the call waits for another attempt's live claim to finish.
-	// Defaults to [WaitDefault]: fail fast with an [*InProgressError].
+	// Defaults to [WaitDefault]: fail fast with an [*InProgressError]; [NoWait] too.
 	Wait time.Duration
 	// Retention overrides how long the record is kept. Defaults to the operation's
 	// retention from [Config].
@@ -86,8 +86,11 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 	if o.Lease == 0 {
 		o.Lease = l.cfg.Lease
 	}
-	if o.Lease < 0 || o.Wait < 0 || o.Retention < 0 {
-		return ClaimResult{}, errors.New("oncekit/ledger: ClaimOpts durations must not be negative")
+	if o.Lease < 0 || o.Retention < 0 {
+		return ClaimResult{}, errors.New("oncekit/ledger: ClaimOpts.Lease and Retention must not be negative")
+	}
+	if o.Wait < 0 {
+		o.Wait = 0 // NoWait
 	}
 	if err := l.validate(in.Scope, in.Key, in.Fingerprint); err != nil {
 		return ClaimResult{}, err

@@ -45,8 +45,10 @@ func TestClaim_LeaseExpiryAndFencing(t *testing.T) {
 	require.Equal(t, 1, first.Lease.Attempt)
 	require.False(t, first.Lease.Redrive)
 
-	// While the lease is live, a duplicate fails fast.
+	// While the lease is live, a duplicate fails fast, by default or with NoWait.
 	_, err = l.Claim(ctx, in, nil)
+	require.ErrorIs(t, err, ledger.ErrInProgress)
+	_, err = l.Claim(ctx, in, &ledger.ClaimOpts{Wait: ledger.NoWait})
 	require.ErrorIs(t, err, ledger.ErrInProgress)
 
 	// The first owner "crashes" after calling the provider. The lease runs out.

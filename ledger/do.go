@@ -37,7 +37,7 @@ type DoOpts struct {
 	// Wait bounds how long the call waits for a concurrent attempt with the same key;
 	// when it finishes in time its result is replayed, otherwise the call returns an
 	// [*InProgressError]. Waits beyond [MaxWait] are cut to it. Defaults to
-	// [WaitDefault]: fail fast.
+	// [WaitDefault]: fail fast; [NoWait] (any negative value) fails fast too.
 	Wait time.Duration
 	// Retention overrides how long this record is kept. Defaults to the operation's
 	// retention from [Config].
@@ -115,10 +115,14 @@ func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, in Intent, fn Func, opts *
 }
 
 func doOpts(opts *DoOpts) DoOpts {
-	if opts == nil {
-		return DoOpts{Wait: WaitDefault}
+	o := DoOpts{}
+	if opts != nil {
+		o = *opts
 	}
-	return *opts
+	if o.Wait < 0 {
+		o.Wait = 0 // NoWait
+	}
+	return o
 }
 
 func (l *Ledger) precheck(ctx context.Context, in Intent, fn Func, o DoOpts) error {
@@ -128,8 +132,8 @@ func (l *Ledger) precheck(ctx context.Context, in Intent, fn Func, o DoOpts) err
 	if fn == nil {
 		return ErrNilFunc
 	}
-	if o.Wait < 0 || o.Retention < 0 {
-		return errors.New("oncekit/ledger: DoOpts.Wait and DoOpts.Retention must not be negative")
+	if o.Retention < 0 {
+		return errors.New("oncekit/ledger: DoOpts.Retention must not be negative")
 	}
 	return ctx.Err()
 }

@@ -288,6 +288,8 @@ func TestDo_ConcurrentDuplicate(t *testing.T) {
 
 	_, err := l.Do(ctx, in, createOrder("acme", req), nil)
 	require.ErrorIs(t, err, ledger.ErrInProgress, "fail fast by default")
+	_, err = l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{Wait: ledger.NoWait})
+	require.ErrorIs(t, err, ledger.ErrInProgress, "a negative wait means do not wait")
 	var ip *ledger.InProgressError
 	require.ErrorAs(t, err, &ip)
 	require.Equal(t, in.Key, ip.Key)

@@ -33,8 +33,13 @@ const (
 	// lock_timeout (2^31-1 ms, about 24.8 days). Longer waits are cut to it.
 	MaxWait = maxLockTimeout
 	// WaitDefault is how long a call waits for a concurrent duplicate to finish before it
-	// returns an [*InProgressError]. Zero means fail fast.
+	// returns an [*InProgressError]: not at all.
 	WaitDefault = time.Duration(0)
+	// NoWait, or any negative duration, means "do not wait" wherever oncekit takes a
+	// wait: ledger.DoOpts.Wait and ClaimOpts.Wait, activity.Opts.Wait, the Wait of the
+	// HTTP middleware and the webhook receiver, webhook.Config.ReadSlotWait. Zero always
+	// means the default, which each field documents.
+	NoWait = time.Duration(-1)
 )
 
 // Beginner starts a transaction. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.

@@ -162,3 +162,53 @@ func TestReceiver_HostileBodies(t *testing.T) {
 		require.LessOrEqual(t, read.Load(), tc.maxBytes, tc.name)
 	}
 }
+
+// With ReadSlotWait set to ledger.NoWait, a delivery that finds every read slot taken is
+// answered 503 at once instead of waiting for one.
+func TestReceiver_NoWaitForReadSlot(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := ledger.Migrate(context.Background(), pool, schema)
+	require.NoError(t, err)
+	l, err := ledger.New(pool, &ledger.Config{Schema: schema})
+	require.NoError(t, err)
+	h, err := webhook.New(&webhook.Config{Ledger: l, Verifier: webhook.GitHub(secret), Source: "github",
+		MaxConcurrentReads: 1, ReadSlotWait: ledger.NoWait,
+		Handle: func(context.Context, pgx.Tx, webhook.Delivery) error { return nil }})
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	// The first delivery holds the only slot: its body never ends until released.
+	pr, pw := io.Pipe()
+	slow := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, pr)
+		req.Header.Set("X-GitHub-Delivery", "d-slow")
+		req.Header.Set("X-Hub-Signature-256", "sha256="+strings.Repeat("0", 64))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			slow <- 0
+			return
+		}
+		resp.Body.Close()
+		slow <- resp.StatusCode
+	}()
+	// More than the sockets' buffers hold: the write returns only once the server has
+	// taken the slot and is reading.
+	if _, err := pw.Write(make([]byte, 16<<20)); err != nil {
+		t.Fatalf("the slow delivery was answered %d before its body was read: %v", <-slow, err)
+	}
+
+	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
+	require.NoError(t, err)
+	req.Header.Set("X-GitHub-Delivery", "d-fast")
+	req.Header.Set("X-Hub-Signature-256", "sha256="+strings.Repeat("0", 64))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	require.NotEmpty(t, resp.Header.Get("Retry-After"))
+	require.NoError(t, pw.Close())
+	require.Equal(t, http.StatusUnauthorized, <-slow, "the slow delivery was read, then refused for its signature")
+}

@@ -77,10 +77,11 @@ type Config struct {
 	// Defaults to [MaxConcurrentReadsDefault].
 	MaxConcurrentReads int
 	// ReadSlotWait is how long a delivery waits for a read slot before the receiver
-	// answers 503 with Retry-After. Defaults to [ReadSlotWaitDefault].
+	// answers 503 with Retry-After. Defaults to [ReadSlotWaitDefault]; ledger.NoWait
+	// answers at once when no slot is free.
 	ReadSlotWait time.Duration
 	// Wait is how long a redelivery waits for the same delivery still in flight before
-	// answering 409. Defaults to 0.
+	// answering 409. Defaults to not waiting, as does ledger.NoWait.
 	Wait time.Duration
 
 	slots chan struct{} // read slots
@@ -111,8 +112,8 @@ func New(cfg *Config) (http.Handler, error) {
 	if c.ReadSlotWait == 0 {
 		c.ReadSlotWait = ReadSlotWaitDefault
 	}
-	if c.MaxBodyBytes < 0 || c.MaxConcurrentReads < 0 || c.ReadSlotWait < 0 {
-		return nil, errors.New("oncekit/webhook: Config.MaxBodyBytes, MaxConcurrentReads and ReadSlotWait must not be negative")
+	if c.MaxBodyBytes < 0 || c.MaxConcurrentReads < 0 {
+		return nil, errors.New("oncekit/webhook: Config.MaxBodyBytes and MaxConcurrentReads must not be negative")
 	}
 	if ch, ok := c.Verifier.(interface{ check() error }); ok {
 		if err := ch.check(); err != nil {
@@ -127,6 +128,30 @@ func New(cfg *Config) (http.Handler, error) {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { c.serve(w, r, scope) }), nil
 }
 
+// acquireSlot takes a read slot: a free one at once, else waiting up to ReadSlotWait
+// (not at all with ledger.NoWait).
+func (c *Config) acquireSlot(ctx context.Context) (int, error) {
+	select {
+	case c.slots <- struct{}{}:
+		return 0, nil
+	default:
+	}
+	busy := errors.New("too many deliveries are being read; redeliver later")
+	if c.ReadSlotWait < 0 {
+		return http.StatusServiceUnavailable, busy
+	}
+	t := time.NewTimer(c.ReadSlotWait)
+	defer t.Stop()
+	select {
+	case c.slots <- struct{}{}:
+		return 0, nil
+	case <-t.C:
+		return http.StatusServiceUnavailable, busy
+	case <-ctx.Done():
+		return http.StatusServiceUnavailable, ctx.Err()
+	}
+}
+
 // read reads the body of an unauthenticated delivery within the Config's bounds: a
 // declared length over the limit is refused before anything is read, a declared length
 // is read into one buffer of that size, and at most MaxConcurrentReads bodies are read
@@ -135,16 +160,10 @@ func (c *Config) read(r *http.Request) (body []byte, status int, err error) {
 	if r.ContentLength > c.MaxBodyBytes {
 		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("the body is %d bytes, over the limit of %d", r.ContentLength, c.MaxBodyBytes)
 	}
-	t := time.NewTimer(c.ReadSlotWait)
-	defer t.Stop()
-	select {
-	case c.slots <- struct{}{}:
-		defer func() { <-c.slots }()
-	case <-t.C:
-		return nil, http.StatusServiceUnavailable, errors.New("too many deliveries are being read; redeliver later")
-	case <-r.Context().Done():
-		return nil, http.StatusServiceUnavailable, r.Context().Err()
+	if status, err := c.acquireSlot(r.Context()); err != nil {
+		return nil, status, err
 	}
+	defer func() { <-c.slots }()
 	lr := io.LimitReader(r.Body, c.MaxBodyBytes+1)
 	if r.ContentLength >= 0 {
 		body = make([]byte, r.ContentLength)
