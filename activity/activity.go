@@ -15,16 +15,8 @@ import (
 	"github.com/oncekit/oncekit/policy"
 )
 
-// ApplicationError types, re-exported from package policy.
-const (
-	ErrTypeKeyReused  = policy.ErrTypeKeyReused
-	ErrTypeInProgress = policy.ErrTypeInProgress
-	ErrTypeInvalid    = policy.ErrTypeInvalid
-	ErrTypeLeaseLost  = policy.ErrTypeLeaseLost
-)
-
 // WaitDefault is how long an attempt waits, heartbeating, for another attempt that holds
-// its key before it fails with a retryable [ErrTypeInProgress].
+// its key before it fails with a retryable [policy.ErrTypeInProgress].
 const WaitDefault = 30 * time.Second
 
 // PurposeDefault is the purpose the downstream key of [External] is derived with.
@@ -192,7 +184,7 @@ func decode[Resp any](body []byte) (Resp, error) {
 // invalid marks an error no retry can fix. The error's text becomes the message and is
 // not repeated as a cause, so it appears once in the workflow's error.
 func invalid(err error) error {
-	return temporal.NewApplicationErrorWithOptions(err.Error(), ErrTypeInvalid, temporal.ApplicationErrorOptions{NonRetryable: true})
+	return temporal.NewApplicationErrorWithOptions(err.Error(), policy.ErrTypeInvalid, temporal.ApplicationErrorOptions{NonRetryable: true})
 }
 
 // toTemporal maps ledger outcomes to Temporal errors; other errors pass through.
@@ -210,12 +202,12 @@ func toTemporal(err error) error {
 		return temporal.NewApplicationErrorWithOptions(derr.Error(), derr.Code, temporal.ApplicationErrorOptions{
 			NonRetryable: true, Details: []any{derr.Code, derr.Message, derr.Replayed}})
 	case errors.As(err, &mm):
-		return temporal.NewApplicationErrorWithOptions(mm.Error(), ErrTypeKeyReused, temporal.ApplicationErrorOptions{
+		return temporal.NewApplicationErrorWithOptions(mm.Error(), policy.ErrTypeKeyReused, temporal.ApplicationErrorOptions{
 			NonRetryable: true, Details: []any{string(mm.Key), mm.Scope.Tenant, mm.Scope.Operation}})
 	case errors.Is(err, ledger.ErrInProgress):
-		return temporal.NewApplicationError(err.Error(), ErrTypeInProgress)
+		return temporal.NewApplicationError(err.Error(), policy.ErrTypeInProgress)
 	case errors.Is(err, ledger.ErrLeaseLost):
-		return temporal.NewApplicationError(err.Error(), ErrTypeLeaseLost)
+		return temporal.NewApplicationError(err.Error(), policy.ErrTypeLeaseLost)
 	case errors.As(err, &ve), errors.Is(err, ledger.ErrBodyTooLarge), errors.Is(err, ledger.ErrNilFunc), errors.Is(err, ledger.ErrManagedTx):
 		return invalid(err)
 	}

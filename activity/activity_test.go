@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	tactivity "go.temporal.io/sdk/activity"
 	"testing"
 	"time"
+
+	tactivity "go.temporal.io/sdk/activity"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,6 +18,7 @@ import (
 	"github.com/oncekit/oncekit/activity"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/policy"
 	"github.com/oncekit/oncekit/testsuite"
 )
 
@@ -78,7 +80,7 @@ func TestExternal_CrashAndUncertainCall(t *testing.T) {
 	// lost, the retry called again with the same key (2 calls each).
 	require.Equal(t, 5, calls)
 
-	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: l})
 	env.RegisterActivityWithOptions(chargeCard, tactivity.RegisterOptions{Name: "payments.charge"})
 	env.ExecuteWorkflow(oneActivity, "payments.charge", chargeReq{OrderID: "o-uncertain", Amount: 100})
 	require.NoError(t, env.GetWorkflowError())
@@ -96,13 +98,13 @@ func TestDo_KeyReusedInWorkflow(t *testing.T) {
 		if err != nil {
 			return reservation{}, err
 		}
-		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, key keys.Key, req reserveReq) (reservation, error) {
+		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, call activity.Call, req reserveReq) (reservation, error) {
 			var id int64
 			err := tx.QueryRow(ctx, `INSERT INTO reservations (order_id, sku, qty) VALUES ($1, $2, $3) RETURNING id`, req.OrderID, req.SKU, req.Qty).Scan(&id)
 			return reservation{ReservationID: id}, err
 		}, &activity.Opts{Key: key})
 	}
-	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: l})
 	env.RegisterActivityWithOptions(businessReserve, tactivity.RegisterOptions{Name: "inventory.reserve"})
 	env.ExecuteWorkflow(func(ctx workflow.Context) error {
 		ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
@@ -115,7 +117,7 @@ func TestDo_KeyReusedInWorkflow(t *testing.T) {
 	err := env.GetWorkflowError()
 	var appErr *temporal.ApplicationError
 	require.ErrorAs(t, err, &appErr)
-	require.Equal(t, activity.ErrTypeKeyReused, appErr.Type())
+	require.Equal(t, policy.ErrTypeKeyReused, appErr.Type())
 	require.True(t, appErr.NonRetryable())
 	testsuite.RequireExactlyOnce(t, pool, "SELECT count(*) FROM reservations WHERE order_id = 'o-9'")
 }
@@ -127,13 +129,13 @@ func TestDo_DefinitiveFailureReplayed(t *testing.T) {
 	l, pool := setup(t)
 	runs := 0
 	decline := func(ctx context.Context, req chargeReq) (charge, error) {
-		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, key keys.Key, req chargeReq) (charge, error) {
+		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, call activity.Call, req chargeReq) (charge, error) {
 			runs++
 			return charge{}, activity.Definitive("card_declined", fmt.Sprintf("card declined for %d", req.Amount))
 		}, nil)
 	}
 	plan := testsuite.NewFaultPlan().CrashAfterEffect("payments.charge", 1)
-	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l, Faults: plan})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: l, Faults: plan})
 	env.RegisterActivityWithOptions(decline, tactivity.RegisterOptions{Name: "payments.charge"})
 	env.ExecuteWorkflow(oneActivity, "payments.charge", chargeReq{OrderID: "o-7", Amount: 999})
 	var appErr *temporal.ApplicationError
@@ -154,16 +156,16 @@ func TestDo_DefinitiveFailureReplayed(t *testing.T) {
 func TestOpts_Errors(t *testing.T) {
 	t.Parallel()
 	l, _ := setup(t)
-	_, err := activity.Do(context.Background(), reserveReq{}, func(ctx context.Context, tx pgx.Tx, key keys.Key, req reserveReq) (reservation, error) {
+	_, err := activity.Do(context.Background(), reserveReq{}, func(ctx context.Context, tx pgx.Tx, call activity.Call, req reserveReq) (reservation, error) {
 		return reservation{}, nil
 	}, &activity.Opts{Ledger: l})
 	var appErr *temporal.ApplicationError
 	require.ErrorAs(t, err, &appErr)
-	require.Equal(t, activity.ErrTypeInvalid, appErr.Type())
+	require.Equal(t, policy.ErrTypeInvalid, appErr.Type())
 
-	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l, Tenant: ""})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: l, Tenant: ""})
 	noTenant := func(ctx context.Context, req reserveReq) (reservation, error) {
-		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, key keys.Key, req reserveReq) (reservation, error) {
+		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, call activity.Call, req reserveReq) (reservation, error) {
 			return reservation{}, nil
 		}, &activity.Opts{Ledger: l, Tenant: "", Key: "k"})
 	}
@@ -176,7 +178,7 @@ func TestOpts_Errors(t *testing.T) {
 func TestTenantPropagatesToActivities(t *testing.T) {
 	t.Parallel()
 	l, pool := setup(t)
-	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: l})
 	env.RegisterActivityWithOptions(reserve, tactivity.RegisterOptions{Name: "inventory.reserve"})
 	env.ExecuteWorkflow(func(ctx workflow.Context) error {
 		ctx = workflow.WithValue(ctx, keys.TenantContextKey, "tenant-42")

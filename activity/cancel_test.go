@@ -47,7 +47,7 @@ func TestDo_WaitRespectsCancellation(t *testing.T) {
 	env.SetWorkerOptions(tworker.Options{BackgroundActivityContext: bg})
 	ran := false
 	waiter := func(ctx context.Context, req reserveReq) (reservation, error) {
-		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, _ keys.Key, req reserveReq) (reservation, error) {
+		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, _ activity.Call, req reserveReq) (reservation, error) {
 			ran = true
 			return reservation{}, nil
 		}, &activity.Opts{Ledger: l, Tenant: "acme", Operation: "inventory.reserve", Key: key, Wait: time.Minute})

@@ -2,16 +2,17 @@ package activity_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	tactivity "go.temporal.io/sdk/activity"
 	"testing"
+
+	tactivity "go.temporal.io/sdk/activity"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekit/oncekit/activity"
-	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/testsuite"
 )
 
@@ -94,7 +95,7 @@ func TestErrorOnlyActivities(t *testing.T) {
 	t.Parallel()
 	l, pool := setup(t)
 	reserve := func(ctx context.Context, req reserveReq) error {
-		return activity.DoErr(ctx, req, func(ctx context.Context, tx pgx.Tx, _ keys.Key, req reserveReq) error {
+		return activity.DoErr(ctx, req, func(ctx context.Context, tx pgx.Tx, _ activity.Call, req reserveReq) error {
 			_, err := tx.Exec(ctx, `INSERT INTO reservations (order_id, sku, qty) VALUES ($1, $2, $3)`, req.OrderID, req.SKU, req.Qty)
 			return err
 		}, nil)
@@ -118,7 +119,7 @@ func TestErrorOnlyActivities(t *testing.T) {
 			return activity.Definitive("card_declined", "declined")
 		}, nil)
 	}
-	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: l})
 	env.RegisterActivityWithOptions(declined, tactivity.RegisterOptions{Name: "payments.decline"})
 	env.ExecuteWorkflow(oneActivity, "payments.decline", chargeReq{OrderID: "o-dec"})
 	require.ErrorContains(t, env.GetWorkflowError(), "card_declined")
@@ -157,4 +158,38 @@ func runFatal(fn func()) {
 		}
 	}()
 	fn()
+}
+
+// A call that certainly had no effect releases the key: the retry calls afresh (no
+// re-drive), and the error is a *NotAppliedError that tests can errors.As.
+func TestExternal_NotAppliedReleasesTheKey(t *testing.T) {
+	t.Parallel()
+	l, _ := setup(t)
+	prov := testsuite.NewProvider()
+	var seen []activity.Call
+	var asNotApplied bool
+	charge := func(ctx context.Context, req chargeReq) (string, error) {
+		id, err := activity.External(ctx, req, func(ctx context.Context, call activity.Call, req chargeReq) (string, error) {
+			seen = append(seen, call)
+			if len(seen) == 1 {
+				return "", activity.NotApplied(errors.New("rate limited before anything happened"))
+			}
+			id, _ := prov.Call(string(call.DownstreamKey))
+			return id, nil
+		}, nil)
+		var na *activity.NotAppliedError
+		if errors.As(err, &na) {
+			asNotApplied = true
+		}
+		return id, err
+	}
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: l})
+	env.RegisterActivityWithOptions(charge, tactivity.RegisterOptions{Name: "payments.charge"})
+	env.ExecuteWorkflow(oneActivity, "payments.charge", chargeReq{OrderID: "o-na", Amount: 5})
+	require.NoError(t, env.GetWorkflowError())
+	require.True(t, asNotApplied)
+	require.Len(t, seen, 2)
+	require.False(t, seen[1].Redrive, "a released key is claimed afresh, not re-driven")
+	require.Equal(t, 1, seen[1].Attempt)
+	require.Equal(t, 1, prov.Effects())
 }

@@ -7,15 +7,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 )
 
 // Func is a local side effect: it writes through tx, in the ledger's transaction, and
-// returns the activity's result. key is the activity's key, for rows that want to record
-// it. Returning [Definitive] stores the failure; any other error rolls back and lets
-// Temporal retry.
-type Func[Req, Resp any] func(ctx context.Context, tx pgx.Tx, key keys.Key, req Req) (Resp, error)
+// returns the activity's result. call carries the activity's key, for rows that want to
+// record it, as [External]'s callback gets it. Returning [Definitive] stores the failure;
+// any other error rolls back and lets Temporal retry.
+type Func[Req, Resp any] func(ctx context.Context, tx pgx.Tx, call Call, req Req) (Resp, error)
 
 // Do runs fn once per activity intent and returns its result; a retried attempt of an
 // activity whose earlier attempt committed gets the stored result and fn does not run.
@@ -29,10 +28,14 @@ func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *O
 	if err != nil {
 		return zero, err
 	}
+	call, err := g.call(int(g.info.Attempt))
+	if err != nil {
+		return zero, err
+	}
 	var res ledger.Result
 	err = g.waitLoop(ctx, func(wait time.Duration) error {
 		res, err = g.l.Do(ctx, g.in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
-			out, err := fn(ctx, tx, g.in.Key, req)
+			out, err := fn(ctx, tx, call, req)
 			if err != nil {
 				return ledger.Response{}, err
 			}
@@ -59,12 +62,12 @@ func (g *guard) firstAttempt() bool { return g.info.Attempt == 1 && g.derived }
 // DoErr is [Do] for an activity that returns only an error, func(ctx, Req) error: fn
 // runs once per activity intent, and a retry after its commit returns nil without
 // running it. A [Definitive] failure is stored and replayed like Do's.
-func DoErr[Req any](ctx context.Context, req Req, fn func(ctx context.Context, tx pgx.Tx, key keys.Key, req Req) error, opts *Opts) error {
+func DoErr[Req any](ctx context.Context, req Req, fn func(ctx context.Context, tx pgx.Tx, call Call, req Req) error, opts *Opts) error {
 	if fn == nil {
 		return invalid(ledger.ErrNilFunc)
 	}
-	_, err := Do(ctx, req, func(ctx context.Context, tx pgx.Tx, key keys.Key, req Req) (struct{}, error) {
-		return struct{}{}, fn(ctx, tx, key, req)
+	_, err := Do(ctx, req, func(ctx context.Context, tx pgx.Tx, call Call, req Req) (struct{}, error) {
+		return struct{}{}, fn(ctx, tx, call, req)
 	}, opts)
 	return err
 }

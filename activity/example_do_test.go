@@ -3,9 +3,10 @@ package activity_test
 import (
 	"context"
 	"fmt"
-	tactivity "go.temporal.io/sdk/activity"
 	"os"
 	"time"
+
+	tactivity "go.temporal.io/sdk/activity"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -13,7 +14,6 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"
-	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/policy"
 	"github.com/oncekit/oncekit/testsuite"
@@ -41,7 +41,7 @@ func ExampleDo() {
 	l, _ := ledger.New(pool, nil)
 
 	reserve := func(ctx context.Context, req Reserve) (string, error) {
-		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, key keys.Key, req Reserve) (string, error) {
+		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, call activity.Call, req Reserve) (string, error) {
 			_, err := tx.Exec(ctx, `INSERT INTO example_reservations (order_id, sku) VALUES ($1, $2)`, req.OrderID, req.SKU)
 			return "reserved " + req.SKU, err
 		}, nil)
@@ -53,7 +53,7 @@ func ExampleDo() {
 		return out, err
 	}
 
-	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{
 		Ledger: l,
 		Faults: testsuite.NewFaultPlan().CrashAfterEffect("inventory.reserve"),
 	})

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	tactivity "go.temporal.io/sdk/activity"
 	"os"
 	"sync"
 	"time"
+
+	tactivity "go.temporal.io/sdk/activity"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/workflow"
@@ -72,7 +73,7 @@ func ExampleExternal() {
 		err := workflow.ExecuteActivity(ctx, "payments.charge", req).Get(ctx, &chargeID)
 		return chargeID, err
 	}
-	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: l})
 	env.RegisterActivityWithOptions(chargeCard, tactivity.RegisterOptions{Name: "payments.charge"})
 	env.RegisterWorkflowWithOptions(pay, workflow.RegisterOptions{Name: "pay"})
 	env.ExecuteWorkflow("pay", Charge{OrderID: "order-42", Amount: 4200})

@@ -11,7 +11,8 @@ import (
 	"github.com/oncekit/oncekit/ledger"
 )
 
-// Call describes one attempt at an external call.
+// Call describes one attempt at a guarded side effect: what [External]'s and [Do]'s
+// callbacks get.
 type Call struct {
 	// Key is the activity's key.
 	Key keys.Key
@@ -19,12 +20,15 @@ type Call struct {
 	// provider's idempotency key, so the provider deduplicates a call that this or an
 	// earlier attempt already made.
 	DownstreamKey keys.Key
-	// Attempt counts the attempts that claimed this key, this one included.
+	// Attempt counts the attempts that claimed this key, this one included. In Do, it is
+	// the activity's attempt number.
 	Attempt int
 	// Redrive is true when an earlier attempt claimed the key and did not finish: the call
-	// may have reached the provider already.
+	// may have reached the provider already. Always false in Do, whose effect commits
+	// with its record.
 	Redrive bool
 	// Uncertain is true when an earlier attempt reported that its call may have happened.
+	// Always false in Do.
 	Uncertain bool
 }
 
@@ -37,19 +41,20 @@ type Call struct {
 // and the retry repeats the call with the same downstream key.
 type CallFunc[Req, Resp any] func(ctx context.Context, call Call, req Req) (Resp, error)
 
-// notApplied marks an error after which the external call certainly had no effect.
-type notApplied struct{ err error }
+// NotAppliedError marks an error after which the external call certainly had no effect;
+// [NotApplied] makes one. Tests can errors.As an activity's error to it.
+type NotAppliedError struct{ Err error }
 
-func (e notApplied) Error() string { return e.err.Error() }
-func (e notApplied) Unwrap() error { return e.err }
+func (e *NotAppliedError) Error() string { return e.Err.Error() }
+func (e *NotAppliedError) Unwrap() error { return e.Err }
 
-// NotApplied wraps err to say the external call certainly had no effect, so the key can
-// be released rather than re-driven.
+// NotApplied wraps err in a [*NotAppliedError] to say the external call certainly had no
+// effect, so the key can be released rather than re-driven.
 func NotApplied(err error) error {
 	if err == nil {
 		return nil
 	}
-	return notApplied{err}
+	return &NotAppliedError{Err: err}
 }
 
 // External runs call at most once per activity intent as far as the provider can tell:
@@ -66,10 +71,6 @@ func External[Req, Resp any](ctx context.Context, req Req, call CallFunc[Req, Re
 	if err != nil {
 		return zero, err
 	}
-	downstream, err := keys.DeriveIn(g.in.Scope, g.in.Key, g.purpose)
-	if err != nil {
-		return zero, invalid(err)
-	}
 	var claim ledger.ClaimResult
 	err = g.waitLoop(ctx, func(wait time.Duration) error {
 		claim, err = g.l.Claim(ctx, g.in, &ledger.ClaimOpts{Wait: wait, Lease: g.lease()})
@@ -82,8 +83,12 @@ func External[Req, Resp any](ctx context.Context, req Req, call CallFunc[Req, Re
 		return decode[Resp](claim.Result.Body)
 	}
 	lease := claim.Lease
-	out, callErr := call(ctx, Call{Key: g.in.Key, DownstreamKey: downstream, Attempt: lease.Attempt,
-		Redrive: lease.Redrive, Uncertain: lease.Uncertain}, req)
+	c, err := g.call(lease.Attempt)
+	if err != nil {
+		return zero, err
+	}
+	c.Redrive, c.Uncertain = lease.Redrive, lease.Uncertain
+	out, callErr := call(ctx, c, req)
 	// Record the outcome even if the attempt's context ended meanwhile.
 	rctx := context.WithoutCancel(ctx)
 	switch faultpoint.At(ctx, faultpoint.AfterCall, out, callErr) {
@@ -98,7 +103,7 @@ func External[Req, Resp any](ctx context.Context, req Req, call CallFunc[Req, Re
 		}
 	}
 	var derr *ledger.DefinitiveError
-	var na notApplied
+	var na *NotAppliedError
 	switch {
 	case callErr == nil:
 		body, err := json.Marshal(out)
@@ -126,6 +131,15 @@ func External[Req, Resp any](ctx context.Context, req Req, call CallFunc[Req, Re
 		}
 		return zero, callErr
 	}
+}
+
+// call describes this attempt: the key, and the downstream key derived from it.
+func (g *guard) call(attempt int) (Call, error) {
+	downstream, err := keys.DeriveIn(g.in.Scope, g.in.Key, g.purpose)
+	if err != nil {
+		return Call{}, invalid(err)
+	}
+	return Call{Key: g.in.Key, DownstreamKey: downstream, Attempt: attempt}, nil
 }
 
 // lease lasts until the attempt's deadline: by then Temporal has given up on the attempt

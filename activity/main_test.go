@@ -45,11 +45,11 @@ type reservation struct {
 
 // reserve is a guarded local side effect: it writes in the ledger's transaction.
 func reserve(ctx context.Context, req reserveReq) (reservation, error) {
-	return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, key keys.Key, req reserveReq) (reservation, error) {
+	return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, call activity.Call, req reserveReq) (reservation, error) {
 		var id int64
 		err := tx.QueryRow(ctx, `INSERT INTO reservations (order_id, sku, qty) VALUES ($1, $2, $3) RETURNING id`,
 			req.OrderID, req.SKU, req.Qty).Scan(&id)
-		return reservation{ReservationID: id, Key: string(key)}, err
+		return reservation{ReservationID: id, Key: string(call.Key)}, err
 	}, nil)
 }
 
@@ -59,11 +59,11 @@ func reserveByOrder(ctx context.Context, req reserveReq) (reservation, error) {
 	if err != nil {
 		return reservation{}, err
 	}
-	return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, key keys.Key, req reserveReq) (reservation, error) {
+	return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, call activity.Call, req reserveReq) (reservation, error) {
 		var id int64
 		err := tx.QueryRow(ctx, `INSERT INTO reservations (order_id, sku, qty) VALUES ($1, $2, $3) RETURNING id`,
 			req.OrderID, req.SKU, req.Qty).Scan(&id)
-		return reservation{ReservationID: id, Key: string(key)}, err
+		return reservation{ReservationID: id, Key: string(call.Key)}, err
 	}, &activity.Opts{Key: key})
 }
 

@@ -27,7 +27,7 @@ func TestDo_WaitsHeartbeatingForInFlightDuplicate(t *testing.T) {
 	var runs, heartbeats atomic.Int32
 	slow := func(ctx context.Context, req reserveReq) (reservation, error) {
 		key, _ := keys.Business(req.OrderID, "reserve")
-		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, key keys.Key, req reserveReq) (reservation, error) {
+		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, call activity.Call, req reserveReq) (reservation, error) {
 			runs.Add(1)
 			if req.SKU == "first" {
 				close(holding)
@@ -38,7 +38,7 @@ func TestDo_WaitsHeartbeatingForInFlightDuplicate(t *testing.T) {
 			return reservation{ReservationID: id}, err
 		}, &activity.Opts{Key: key, Operation: "inventory.reserve"})
 	}
-	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: l})
 	env.RegisterActivityWithOptions(slow, tactivity.RegisterOptions{Name: "first"})
 	env.RegisterActivityWithOptions(func(ctx context.Context, req reserveReq) (reservation, error) {
 		<-holding

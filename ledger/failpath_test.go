@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
@@ -25,7 +26,7 @@ func setupModes(t *testing.T, test func(t *testing.T, l *ledger.Ledger, pool *pg
 	_, b := setup(t, nil)
 	createSKUs(t, b.pool, "taken")
 	pgtest.EachExecMode(t, b.schema, func(t *testing.T, pool *pgxpool.Pool) {
-		l, err := ledger.New(pool, &ledger.Config{Schema: b.schema, NowFunc: b.clock.Now})
+		l, err := ledger.New(pool, &ledger.Config{Schema: b.schema, Test: ledger.TestConfig{NowFunc: b.clock.Now}})
 		require.NoError(t, err)
 		test(t, l, pool, b)
 	})
@@ -37,7 +38,7 @@ func insertSKU(sku string) ledger.Func {
 	return func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
 		_, err := tx.Exec(ctx, "INSERT INTO skus (sku) VALUES ($1)", sku)
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		if errors.As(err, &pgErr) && pgErr.Code == pgsql.UniqueViolation {
 			return ledger.Response{}, ledger.Definitive("duplicate", "sku "+sku+" exists")
 		}
 		if err != nil {
@@ -194,7 +195,7 @@ func TestDoTx_SnapshotIsolation(t *testing.T) {
 			require.ErrorIs(t, err, ledger.ErrSnapshotConflict)
 			var sqlState interface{ SQLState() string }
 			require.ErrorAs(t, err, &sqlState)
-			require.Equal(t, "40001", sqlState.SQLState(), "generic serialization-retry loops recognise it")
+			require.Equal(t, pgsql.SerializationFailure, sqlState.SQLState(), "generic serialization-retry loops recognise it")
 			_, err = tx.Exec(ctx, "SELECT 1")
 			require.NoError(t, err, "the caller's transaction is usable")
 			require.NoError(t, tx.Rollback(ctx))

@@ -42,6 +42,13 @@ const (
 	NoWait = time.Duration(-1)
 )
 
+// TestConfig holds the knobs of [Config] that exist for tests.
+type TestConfig struct {
+	// NowFunc, when set, replaces the database clock for expiry and leases, for tests
+	// that move time. Left nil, every node shares the database's clock.
+	NowFunc func() time.Time
+}
+
 // Beginner starts a transaction. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
@@ -66,10 +73,8 @@ type Config struct {
 	// MaxKeyLen is the longest key accepted, in bytes, at most [MaxKeyLenLimit].
 	// Defaults to [keys.MaxLenDefault].
 	MaxKeyLen int
-	// NowFunc, when set, replaces the database clock for expiry and leases. It exists for
-	// tests that move time; production code leaves it nil so every node shares the
-	// database's clock. Defaults to nil.
-	NowFunc func() time.Time
+	// Test holds knobs for tests only; production code leaves it zero.
+	Test TestConfig
 }
 
 // Ledger is the dedup ledger: records keyed by (tenant, operation, key) in PostgreSQL.
@@ -136,10 +141,10 @@ func (l *Ledger) retention(op string, override time.Duration) time.Duration {
 
 // now returns the stubbed time, or nil so that SQL uses the database's now().
 func (l *Ledger) now() *time.Time {
-	if l.cfg.NowFunc == nil {
+	if l.cfg.Test.NowFunc == nil {
 		return nil
 	}
-	t := l.cfg.NowFunc()
+	t := l.cfg.Test.NowFunc()
 	return &t
 }
 

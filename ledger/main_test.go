@@ -43,8 +43,8 @@ func setup(t *testing.T, cfg *ledger.Config) (*ledger.Ledger, *testBundle) {
 		c = *cfg
 	}
 	c.Schema = schema
-	if c.NowFunc == nil {
-		c.NowFunc = clock.Now
+	if c.Test.NowFunc == nil {
+		c.Test.NowFunc = clock.Now
 	}
 	l, err := ledger.New(pool, &c)
 	require.NoError(t, err)

@@ -36,6 +36,15 @@ const (
 	// ErrTypeLeaseLost: an external-effect attempt lost its claim to a newer attempt.
 	// Retryable: the retry replays the newer attempt's result.
 	ErrTypeLeaseLost = "oncekit.LeaseLost"
+	// ErrTypeCompensated: a saga's step failed and every compensation succeeded; the
+	// saga ended with this error. Not retryable.
+	ErrTypeCompensated = "oncekit.saga.Compensated"
+	// ErrTypeCompensationFailed: a saga's step failed and at least one compensation
+	// failed too; an operator must look. Not retryable.
+	ErrTypeCompensationFailed = "oncekit.saga.CompensationFailed"
+	// ErrTypeWorkerCrashed: a crash injected by a test's fault plan (package testsuite).
+	// Retryable, as the loss of a worker is.
+	ErrTypeWorkerCrashed = "oncekit.testsuite.WorkerCrashed"
 )
 
 // NonRetryableErrorTypes lists the oncekit error types that no retry can fix. A stored

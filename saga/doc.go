@@ -4,9 +4,9 @@
 //
 // # Running a saga
 //
-// [Run] runs a function of steps ([Saga.Do]) as the saga keyed by [Options].Key. When the
+// [Run] runs a function of steps ([Saga.Do]) as the saga keyed by [Opts].Key. When the
 // function returns an error, Run compensates and ends with a non-retryable
-// ApplicationError of type [ErrTypeCompensated] (or [ErrTypeCompensationFailed]) whose
+// ApplicationError of type [policy.ErrTypeCompensated] (or [policy.ErrTypeCompensationFailed]) whose
 // message lists each compensation's outcome and whose cause is the failure that started
 // it. [RunErr] is the same for a workflow that returns only an error.
 //
@@ -17,9 +17,9 @@
 // another, runs no step and returns the recorded outcome: the same result, or an
 // ApplicationError of the same type and text. A run that finds the key held by a run in
 // flight waits for it and then returns its outcome; if the holder's lease
-// ([Options].Lease, by default the workflow's execution timeout or [LeaseDefault]) runs
+// ([Opts].Lease, by default the workflow's execution timeout or [LeaseDefault]) runs
 // out first, the waiting run takes the saga over and its steps replay what the first run
-// did. The same key with another [Options].Request is refused with
+// did. The same key with another [Opts].Request is refused with
 // [policy.ErrTypeKeyReused].
 //
 // A business key (keys.Business("transfer", id)) therefore holds across resets,
@@ -56,13 +56,13 @@
 // # Compensation
 //
 // [Saga.Compensate] runs the compensations in reverse order, or all at once with
-// [Options].Parallel, on a disconnected context, so a cancelled workflow still
+// [Opts].Parallel, on a disconnected context, so a cancelled workflow still
 // compensates. It continues past a failing compensation and returns one
 // [*CompensationError] listing every compensation's outcome. Compensations retry without
 // an attempt limit under a 24-hour deadline ([CompensationOptionsDefault]): the opposite
 // of steps on purpose, because a step that gives up is compensated, while a compensation
 // that gives up leaves money or stock out of balance. Only a non-retryable error or the
-// deadline ends one, and the saga then ends with [ErrTypeCompensationFailed].
+// deadline ends one, and the saga then ends with [policy.ErrTypeCompensationFailed].
 //
 // The package is deterministic and imports neither pgx nor the ledger.
 package saga

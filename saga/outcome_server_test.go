@@ -14,7 +14,7 @@ import (
 
 	"github.com/oncekit/oncekit/internal/devserver"
 	"github.com/oncekit/oncekit/keys"
-	"github.com/oncekit/oncekit/saga"
+	"github.com/oncekit/oncekit/policy"
 	"github.com/oncekit/oncekit/testsuite"
 	"github.com/oncekit/oncekit/worker"
 )
@@ -82,12 +82,12 @@ func TestRun_ResubmissionOnRealServer(t *testing.T) {
 	_, err = get(start("comp-1", failed))
 	var app *temporal.ApplicationError
 	require.ErrorAs(t, err, &app)
-	require.Equal(t, saga.ErrTypeCompensated, app.Type())
+	require.Equal(t, policy.ErrTypeCompensated, app.Type())
 	notifies := k.count("notify")
 	k.failNotify.Store(false)
 	_, err = get(start("comp-2", failed))
 	require.ErrorAs(t, err, &app)
-	require.Equal(t, saga.ErrTypeCompensated, app.Type())
+	require.Equal(t, policy.ErrTypeCompensated, app.Type())
 	require.Equal(t, notifies, k.count("notify"), "the second run ran no step")
 	// Two transfers, each withdrawn and deposited once.
 	testsuite.RequireCount(t, k.pool, 4, `SELECT count(*) FROM log WHERE kind = 'do' AND step IN ('withdraw', 'deposit')`)

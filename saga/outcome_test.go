@@ -71,7 +71,7 @@ func transferWorkflow(ctx workflow.Context, tr transfer) (string, error) {
 	}
 	co := saga.CompensationOptionsDefault()
 	co.RetryPolicy.InitialInterval = time.Millisecond
-	return saga.Run(ctx, &saga.Options{Key: key, Request: tr, CompensationOptions: &co},
+	return saga.Run(ctx, &saga.Opts{Key: key, Request: tr, CompensationOptions: &co},
 		func(ctx workflow.Context, s *saga.Saga) (string, error) {
 			ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
 				RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 2}})
@@ -135,14 +135,14 @@ func TestRun_ResubmissionAfterCompensationReplaysFailure(t *testing.T) {
 	firstErr := first.GetWorkflowError()
 	var app *temporal.ApplicationError
 	require.ErrorAs(t, firstErr, &app)
-	require.Equal(t, saga.ErrTypeCompensated, app.Type())
+	require.Equal(t, policy.ErrTypeCompensated, app.Type())
 
 	k.failNotify.Store(false)
 	second := k.env("wf-2")
 	second.ExecuteWorkflow("transfer", tr)
 	secondErr := second.GetWorkflowError()
 	require.ErrorAs(t, secondErr, &app)
-	require.Equal(t, saga.ErrTypeCompensated, app.Type())
+	require.Equal(t, policy.ErrTypeCompensated, app.Type())
 	require.False(t, app.NonRetryable() == false)
 	require.Contains(t, secondErr.Error(), `"withdraw" compensated`)
 	require.Contains(t, secondErr.Error(), "the notification service is down")
@@ -218,7 +218,7 @@ func TestRun_ErrorSaysEachCauseOnce(t *testing.T) {
 	require.Equal(t, 1, strings.Count(err.Error(), `"deposit" compensated`), err.Error())
 
 	// A wiring error (no ledger on the worker) is said once too.
-	bare := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Tenant: "acme"})
+	bare := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Tenant: "acme"})
 	bare.RegisterWorkflowWithOptions(transferWorkflow, workflow.RegisterOptions{Name: "transfer"})
 	bare.ExecuteWorkflow("transfer", transfer{ID: "t-6", Amount: 1})
 	err = bare.GetWorkflowError()
@@ -251,7 +251,7 @@ func TestStepResult_CompensationReadsItsStep(t *testing.T) {
 		}
 		return nil
 	}
-	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: b.l, Tenant: "acme"})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: b.l, Tenant: "acme"})
 	env.RegisterWorkflowWithOptions(inspectWorkflow, workflow.RegisterOptions{Name: "saga"})
 	env.RegisterActivityWithOptions(b.step, tactivity.RegisterOptions{Name: "step"})
 	env.RegisterActivityWithOptions(inspect, tactivity.RegisterOptions{Name: "undo"})
@@ -260,7 +260,7 @@ func TestStepResult_CompensationReadsItsStep(t *testing.T) {
 	require.Equal(t, map[string]string{"reserve": "completed+result", "charge": "failed"}, seen)
 
 	// A step whose activity failed before it recorded anything has nothing to undo.
-	env = testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: b.l, Tenant: "acme"})
+	env = testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: b.l, Tenant: "acme"})
 	env.RegisterWorkflowWithOptions(inspectWorkflow, workflow.RegisterOptions{Name: "saga"})
 	env.RegisterActivityWithOptions(func(context.Context, string, plan) error { return errors.New("refused at the door") }, tactivity.RegisterOptions{Name: "step"})
 	env.RegisterActivityWithOptions(inspect, tactivity.RegisterOptions{Name: "undo"})
@@ -270,7 +270,7 @@ func TestStepResult_CompensationReadsItsStep(t *testing.T) {
 }
 
 func inspectWorkflow(ctx workflow.Context, p plan) (string, error) {
-	return saga.Run(ctx, &saga.Options{Key: keys.Key(p.Key)}, func(ctx workflow.Context, s *saga.Saga) (string, error) {
+	return saga.Run(ctx, &saga.Opts{Key: keys.Key(p.Key)}, func(ctx workflow.Context, s *saga.Saga) (string, error) {
 		ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
 			RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 1}})
 		for _, name := range p.Steps {
@@ -298,7 +298,7 @@ func TestDo_StepsHaveBoundedRetries(t *testing.T) {
 		stepAttempts.Store(0)
 		undoAttempts.Store(0)
 		b := setup(t)
-		env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: b.l, Tenant: "acme"})
+		env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: b.l, Tenant: "acme"})
 		env.RegisterActivityWithOptions(func(context.Context) error {
 			stepAttempts.Add(1)
 			return errors.New("the downstream is down")
@@ -311,7 +311,7 @@ func TestDo_StepsHaveBoundedRetries(t *testing.T) {
 			return nil
 		}, tactivity.RegisterOptions{Name: "undo.flaky"})
 		env.RegisterWorkflowWithOptions(func(ctx workflow.Context) error {
-			return saga.RunErr(ctx, &saga.Options{Key: "bounded"}, func(ctx workflow.Context, s *saga.Saga) error {
+			return saga.RunErr(ctx, &saga.Opts{Key: "bounded"}, func(ctx workflow.Context, s *saga.Saga) error {
 				if withOptions { // options, but no retry policy
 					ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute})
 				}
@@ -321,7 +321,7 @@ func TestDo_StepsHaveBoundedRetries(t *testing.T) {
 		env.ExecuteWorkflow("bounded")
 		var app *temporal.ApplicationError
 		require.ErrorAs(t, env.GetWorkflowError(), &app)
-		require.Equal(t, saga.ErrTypeCompensated, app.Type(), "undo attempts %d: %v", undoAttempts.Load(), env.GetWorkflowError())
+		require.Equal(t, policy.ErrTypeCompensated, app.Type(), "undo attempts %d: %v", undoAttempts.Load(), env.GetWorkflowError())
 		require.EqualValues(t, policy.StepMaxAttemptsDefault, stepAttempts.Load())
 		require.EqualValues(t, 9, undoAttempts.Load())
 		require.EqualValues(t, policy.CompensationDeadlineDefault, deadline.Load())

@@ -59,16 +59,16 @@ type EndRequest struct {
 //
 // When fn returns an error, Run compensates every step registered so far (unless fn
 // already called [Saga.Compensate]) and returns the compensation's non-retryable
-// ApplicationError ([ErrTypeCompensated] or [ErrTypeCompensationFailed]). A run whose
+// ApplicationError ([policy.ErrTypeCompensated] or [policy.ErrTypeCompensationFailed]). A run whose
 // key already carries an outcome runs nothing and returns that outcome: the same result,
 // or an ApplicationError of the same type and text. A run whose key is held by a run still
 // in flight waits for it (its Begin activity retries) and then returns its outcome; if
-// that run's lease ([Options].Lease) runs out first, this run takes the saga over, and
+// that run's lease ([Opts].Lease) runs out first, this run takes the saga over, and
 // its steps replay what the first run did.
 //
 // Recording goes through the [ActivityBegin] and [ActivityEnd] activities on the ledger,
 // so workflow code stays free of pgx.
-func Run[T any](ctx workflow.Context, opts *Options, fn func(ctx workflow.Context, s *Saga) (T, error)) (T, error) {
+func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, s *Saga) (T, error)) (T, error) {
 	var zero T
 	s, err := newSaga(ctx, opts)
 	if err != nil {
@@ -144,7 +144,7 @@ func replay[T any](r Recorded) (T, error) {
 }
 
 // RunErr is [Run] for a saga whose workflow returns only an error.
-func RunErr(ctx workflow.Context, opts *Options, fn func(ctx workflow.Context, s *Saga) error) error {
+func RunErr(ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, s *Saga) error) error {
 	_, err := Run(ctx, opts, func(ctx workflow.Context, s *Saga) (struct{}, error) { return struct{}{}, fn(ctx, s) })
 	return err
 }

@@ -35,8 +35,8 @@ func CompensationOptionsDefault() workflow.ActivityOptions {
 // it takes the saga over.
 const LeaseDefault = 24 * time.Hour
 
-// Options configure a [Saga]. A nil *Options means all defaults.
-type Options struct {
+// Opts configure a [Saga]. A nil *Opts means all defaults.
+type Opts struct {
 	// Key is the saga's key: its outcome is recorded under it and its steps' keys derive
 	// from it. Use the business intent, such as keys.Business("transfer", transferID), so
 	// that a second workflow for the same transfer replays the first one's outcome.
@@ -79,7 +79,7 @@ type Step struct {
 // Saga runs steps and compensates them. [Run] creates one per saga.
 type Saga struct {
 	key         keys.Key
-	opts        Options
+	opts        Opts
 	comps       []compensation
 	compensated *CompensationError
 }
@@ -92,8 +92,8 @@ type compensation struct {
 	args []any
 }
 
-func newSaga(ctx workflow.Context, opts *Options) (*Saga, error) {
-	o := Options{}
+func newSaga(ctx workflow.Context, opts *Opts) (*Saga, error) {
+	o := Opts{}
 	if opts != nil {
 		o = *opts
 	}
@@ -276,7 +276,7 @@ func (e *CompensationError) Unwrap() []error {
 }
 
 // ApplicationError returns the error to end the workflow with: a non-retryable
-// ApplicationError of type [ErrTypeCompensated] (or [ErrTypeCompensationFailed] when a
+// ApplicationError of type [policy.ErrTypeCompensated] (or [policy.ErrTypeCompensationFailed] when a
 // compensation failed) whose message lists every outcome and whose cause is the failure
 // that started the compensation, so each is said once.
 func (e *CompensationError) ApplicationError() error {
@@ -285,16 +285,7 @@ func (e *CompensationError) ApplicationError() error {
 
 func (e *CompensationError) errType() string {
 	if len(e.Failed()) > 0 {
-		return ErrTypeCompensationFailed
+		return policy.ErrTypeCompensationFailed
 	}
-	return ErrTypeCompensated
+	return policy.ErrTypeCompensated
 }
-
-// Error types a workflow ends with through [CompensationError.ApplicationError].
-const (
-	// ErrTypeCompensated: a step failed and every compensation succeeded.
-	ErrTypeCompensated = "oncekit.saga.Compensated"
-	// ErrTypeCompensationFailed: a step failed and at least one compensation failed too;
-	// an operator must look.
-	ErrTypeCompensationFailed = "oncekit.saga.CompensationFailed"
-)

@@ -3,10 +3,11 @@ package saga_test
 import (
 	"context"
 	"errors"
-	tactivity "go.temporal.io/sdk/activity"
-	ttestsuite "go.temporal.io/sdk/testsuite"
 	"testing"
 	"time"
+
+	tactivity "go.temporal.io/sdk/activity"
+	ttestsuite "go.temporal.io/sdk/testsuite"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -40,7 +41,7 @@ type plan struct {
 func sagaWorkflow(ctx workflow.Context, p plan) (string, error) {
 	co := workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
 		RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Millisecond, BackoffCoefficient: 1, MaximumAttempts: 3}}
-	opts := &saga.Options{Key: keys.Key(p.Key), Parallel: p.Parallel, CompensationOptions: &co}
+	opts := &saga.Opts{Key: keys.Key(p.Key), Parallel: p.Parallel, CompensationOptions: &co}
 	return saga.Run(ctx, opts, func(ctx workflow.Context, s *saga.Saga) (string, error) {
 		ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
 			RetryPolicy: &temporal.RetryPolicy{InitialInterval: time.Millisecond, MaximumAttempts: 3}})
@@ -82,11 +83,11 @@ func (b *bundle) step(ctx context.Context, name string, p plan) error {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	_, err := activity.Do(ctx, name, func(ctx context.Context, tx pgx.Tx, key keys.Key, name string) (bool, error) {
+	_, err := activity.Do(ctx, name, func(ctx context.Context, tx pgx.Tx, call activity.Call, name string) (bool, error) {
 		if name == p.FailAt {
 			return false, activity.Definitive("step_failed", name+" failed")
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO log (kind, step, key) VALUES ('do', $1, $2)`, name, string(key))
+		_, err := tx.Exec(ctx, `INSERT INTO log (kind, step, key) VALUES ('do', $1, $2)`, name, string(call.Key))
 		return true, err
 	}, &activity.Opts{Operation: "test.step"})
 	if err == nil && name == p.TimeOut {
@@ -99,15 +100,15 @@ func (b *bundle) undo(ctx context.Context, name string, p plan) error {
 	if name == p.BadUndo {
 		return errors.New("the compensation's downstream is down")
 	}
-	_, err := activity.Do(ctx, name, func(ctx context.Context, tx pgx.Tx, key keys.Key, name string) (bool, error) {
-		_, err := tx.Exec(ctx, `INSERT INTO log (kind, step, key) VALUES ('undo', $1, $2)`, name, string(key))
+	_, err := activity.Do(ctx, name, func(ctx context.Context, tx pgx.Tx, call activity.Call, name string) (bool, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO log (kind, step, key) VALUES ('undo', $1, $2)`, name, string(call.Key))
 		return true, err
 	}, &activity.Opts{Operation: "test.undo"})
 	return err
 }
 
 func (b *bundle) env(faults *testsuite.FaultPlan) *ttestsuite.TestWorkflowEnvironment {
-	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: b.l, Faults: faults, Tenant: "acme"})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: b.l, Faults: faults, Tenant: "acme"})
 	env.RegisterWorkflowWithOptions(sagaWorkflow, workflow.RegisterOptions{Name: "saga"})
 	env.RegisterActivityWithOptions(b.step, tactivity.RegisterOptions{Name: "step"})
 	env.RegisterActivityWithOptions(b.undo, tactivity.RegisterOptions{Name: "undo"})

@@ -147,7 +147,7 @@ func runPoint[Req any](c Case[Req], point CrashPoint) (Report, bool, error) {
 		tenant = TenantDefault
 	}
 	plan := NewFaultPlan().CrashAt(c.Name, point, 1)
-	env := NewWorkflowEnvironment(&EnvOpts{Ledger: c.Ledger, Tenant: tenant + "-" + uuid.NewString()[:8], Faults: plan})
+	env := NewWorkflowEnvironment(&EnvConfig{Ledger: c.Ledger, Tenant: tenant + "-" + uuid.NewString()[:8], Faults: plan})
 	env.RegisterActivityWithOptions(c.Activity, tactivity.RegisterOptions{Name: c.Name})
 	env.RegisterWorkflowWithOptions(conformanceWorkflow[Req], workflow.RegisterOptions{Name: "oncekit.testsuite.Conformance"})
 	env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: "oncekit-conformance-" + string(point)})

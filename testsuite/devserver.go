@@ -23,8 +23,8 @@ type Temporal struct {
 	srv       *devserver.Server
 }
 
-// TemporalOpts configure [StartTemporal]. A nil *TemporalOpts means all defaults.
-type TemporalOpts struct {
+// TemporalConfig configure [StartTemporal]. A nil *TemporalConfig means all defaults.
+type TemporalConfig struct {
 	// UIPort, when not 0, serves the web UI on that port. Defaults to 0: headless.
 	UIPort int
 	// Progress receives progress of the one-time CLI build. Defaults to os.Stderr.
@@ -36,8 +36,8 @@ type TemporalOpts struct {
 // local port, from the Temporal CLI v1.5.1 that it builds from source with go install
 // into ~/.cache/oncekit the first time (a few minutes, with progress). The dev server
 // dies with this process.
-func StartTemporal(ctx context.Context, opts *TemporalOpts) (*Temporal, error) {
-	o := TemporalOpts{Progress: os.Stderr}
+func StartTemporal(ctx context.Context, opts *TemporalConfig) (*Temporal, error) {
+	o := TemporalConfig{Progress: os.Stderr}
 	if opts != nil {
 		o = *opts
 	}

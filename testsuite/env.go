@@ -23,8 +23,8 @@ import (
 // environments on one ledger would otherwise collide.
 const TenantDefault = "test"
 
-// EnvOpts configure [NewWorkflowEnvironment]. A nil *EnvOpts means all defaults.
-type EnvOpts struct {
+// EnvConfig configure [NewWorkflowEnvironment]. A nil *EnvConfig means all defaults.
+type EnvConfig struct {
 	// Ledger is put in every activity's context. Defaults to none, for workflows whose
 	// activities do not use oncekit.
 	Ledger *ledger.Ledger
@@ -40,8 +40,8 @@ type EnvOpts struct {
 // every activity's context, keys carried to activities, the activities of package saga)
 // plus the tenant propagator and the fault plan. Register your workflows and activities
 // on it as on any Temporal environment.
-func NewWorkflowEnvironment(opts *EnvOpts) *ttestsuite.TestWorkflowEnvironment {
-	o := EnvOpts{}
+func NewWorkflowEnvironment(opts *EnvConfig) *ttestsuite.TestWorkflowEnvironment {
+	o := EnvConfig{}
 	if opts != nil {
 		o = *opts
 	}

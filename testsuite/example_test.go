@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/activity"
-	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/testsuite"
 )
@@ -45,7 +44,7 @@ func ExampleRunCrashBeforeComplete() {
 		return id, err
 	}
 	guarded := func(ctx context.Context, req Ship) (int64, error) {
-		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, _ keys.Key, req Ship) (int64, error) {
+		return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, _ activity.Call, req Ship) (int64, error) {
 			return insertShipment(ctx, tx, req.OrderID)
 		}, nil)
 	}

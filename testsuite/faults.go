@@ -10,11 +10,8 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/oncekit/oncekit/internal/faultpoint"
+	"github.com/oncekit/oncekit/policy"
 )
-
-// ErrTypeWorkerCrashed is the ApplicationError type of an injected crash. It is
-// retryable, so Temporal retries the activity as it would after a lost worker.
-const ErrTypeWorkerCrashed = "oncekit.testsuite.WorkerCrashed"
 
 // CrashPoint is where an injected fault strikes an activity attempt.
 type CrashPoint string
@@ -152,7 +149,7 @@ func (a *faultActivity) ExecuteActivity(ctx context.Context, in *interceptor.Exe
 	})
 	res, err := a.Next.ExecuteActivity(ctx, in)
 	if errors.Is(err, faultpoint.ErrCrashed) || a.plan.strike(typ, attempt, AfterEffect, res, err) {
-		return nil, temporal.NewApplicationError("oncekit/testsuite: injected crash: the attempt's worker died before its completion was reported", ErrTypeWorkerCrashed)
+		return nil, temporal.NewApplicationError("oncekit/testsuite: injected crash: the attempt's worker died before its completion was reported", policy.ErrTypeWorkerCrashed)
 	}
 	return res, err
 }

@@ -2,10 +2,11 @@ package testsuite_test
 
 import (
 	"context"
-	tactivity "go.temporal.io/sdk/activity"
-	tworker "go.temporal.io/sdk/worker"
 	"testing"
 	"time"
+
+	tactivity "go.temporal.io/sdk/activity"
+	tworker "go.temporal.io/sdk/worker"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -22,6 +23,7 @@ import (
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/policy"
 	"github.com/oncekit/oncekit/testsuite"
 	"github.com/oncekit/oncekit/worker"
 )
@@ -44,7 +46,7 @@ func reserveStep(ctx context.Context, s step) (int64, error) {
 		}
 		opts.Key = k
 	}
-	return activity.Do(ctx, s, func(ctx context.Context, tx pgx.Tx, _ keys.Key, s step) (int64, error) {
+	return activity.Do(ctx, s, func(ctx context.Context, tx pgx.Tx, _ activity.Call, s step) (int64, error) {
 		var id int64
 		err := tx.QueryRow(ctx, `INSERT INTO reservations (order_id) VALUES ($1) RETURNING id`, s.OrderID).Scan(&id)
 		return id, err
@@ -112,7 +114,7 @@ func TestStrategies_ContinueAsNew(t *testing.T) {
 		failType string
 		effects  int
 	}{
-		{"workflow", activity.ErrTypeKeyReused, 1},
+		{"workflow", policy.ErrTypeKeyReused, 1},
 		{"run", "", 2},
 	} {
 		order := "can-" + tc.strategy

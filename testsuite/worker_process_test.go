@@ -3,10 +3,11 @@ package testsuite_test
 import (
 	"context"
 	"fmt"
-	tactivity "go.temporal.io/sdk/activity"
-	tworker "go.temporal.io/sdk/worker"
 	"os"
 	"time"
+
+	tactivity "go.temporal.io/sdk/activity"
+	tworker "go.temporal.io/sdk/worker"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -17,7 +18,6 @@ import (
 
 	"github.com/oncekit/oncekit/activity"
 	"github.com/oncekit/oncekit/internal/devserver"
-	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/testsuite"
 	"github.com/oncekit/oncekit/worker"
@@ -100,7 +100,7 @@ func runCrashWorker(ctx context.Context) error {
 	w := tworker.New(c, os.Getenv(envQueue), tworker.Options{})
 	w.RegisterWorkflowWithOptions(oneActivityWorkflow, workflow.RegisterOptions{Name: "crash.one"})
 	w.RegisterActivityWithOptions(func(ctx context.Context, o order) (int64, error) {
-		id, err := activity.Do(ctx, o, func(ctx context.Context, tx pgx.Tx, _ keys.Key, o order) (int64, error) {
+		id, err := activity.Do(ctx, o, func(ctx context.Context, tx pgx.Tx, _ activity.Call, o order) (int64, error) {
 			var id int64
 			err := tx.QueryRow(ctx, `INSERT INTO reservations (order_id) VALUES ($1) RETURNING id`, o.OrderID).Scan(&id)
 			return id, err

@@ -43,7 +43,7 @@ func TestGitHub_DocumentedExample(t *testing.T) {
 func TestStandardWebhooks_Example(t *testing.T) {
 	t.Parallel()
 	const ts = 1614265330
-	v := webhook.StandardWebhooks{Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", NowFunc: func() time.Time { return time.Unix(ts+60, 0) }}
+	v := webhook.StandardWebhooks{Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", Test: webhook.TestConfig{NowFunc: func() time.Time { return time.Unix(ts+60, 0) }}}
 	h := http.Header{}
 	h.Set("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek")
 	h.Set("webhook-timestamp", strconv.Itoa(ts))
@@ -57,7 +57,7 @@ func TestStandardWebhooks_Example(t *testing.T) {
 	require.ErrorIs(t, err, webhook.ErrSignature)
 
 	late := v
-	late.NowFunc = func() time.Time { return time.Unix(ts+3600, 0) }
+	late.Test.NowFunc = func() time.Time { return time.Unix(ts+3600, 0) }
 	_, err = late.Verify(h, body)
 	require.ErrorIs(t, err, webhook.ErrSignature, "a replay an hour later is refused")
 
@@ -101,7 +101,7 @@ func FuzzStandardWebhooksVerify(f *testing.F) {
 		h.Set("webhook-id", id)
 		h.Set("webhook-timestamp", ts)
 		h.Set("webhook-signature", sigs)
-		v := webhook.StandardWebhooks{Secret: secret, NowFunc: func() time.Time { return time.Unix(1700000000, 0) }}
+		v := webhook.StandardWebhooks{Secret: secret, Test: webhook.TestConfig{NowFunc: func() time.Time { return time.Unix(1700000000, 0) }}}
 		_, err := v.Verify(h, body)
 		if err == nil {
 			// Accepted only with a signature that really matches.

@@ -18,7 +18,7 @@ import (
 // to one activity call to that activity only, never into a child workflow.
 func TestPropagator_TenantAndKey(t *testing.T) {
 	t.Parallel()
-	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Tenant: "fallback"})
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Tenant: "fallback"})
 	type seen struct{ Tenant, Key string }
 	env.RegisterActivityWithOptions(func(ctx context.Context) (seen, error) {
 		tenant, _ := keys.TenantFrom(ctx)

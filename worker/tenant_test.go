@@ -2,10 +2,11 @@ package worker_test
 
 import (
 	"context"
-	tactivity "go.temporal.io/sdk/activity"
-	tworker "go.temporal.io/sdk/worker"
 	"testing"
 	"time"
+
+	tactivity "go.temporal.io/sdk/activity"
+	tworker "go.temporal.io/sdk/worker"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -16,7 +17,6 @@ import (
 	"github.com/oncekit/oncekit/activity"
 	"github.com/oncekit/oncekit/internal/devserver"
 	"github.com/oncekit/oncekit/internal/pgtest"
-	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/policy"
 	"github.com/oncekit/oncekit/testsuite"
@@ -41,7 +41,7 @@ func TestWorker_DefaultTenantWithPlainClient(t *testing.T) {
 	defer c.Close()
 
 	charge := func(ctx context.Context, amount int) (int, error) {
-		return activity.Do(ctx, amount, func(ctx context.Context, tx pgx.Tx, key keys.Key, amount int) (int, error) {
+		return activity.Do(ctx, amount, func(ctx context.Context, tx pgx.Tx, call activity.Call, amount int) (int, error) {
 			return amount, nil
 		}, nil)
 	}

@@ -18,7 +18,6 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/oncekit/oncekit/activity"
-	"github.com/oncekit/oncekit/keys"
 )
 
 // Order is a checkout: what the workflow gets, and the faults the demo injects into it.
@@ -53,13 +52,13 @@ type deps struct {
 // oncekit activities: every effect under the ledger, keys from the saga.
 
 func (d *deps) reserve(ctx context.Context, o Order) (int64, error) {
-	return activity.Do(ctx, o, func(ctx context.Context, tx pgx.Tx, _ keys.Key, o Order) (int64, error) {
+	return activity.Do(ctx, o, func(ctx context.Context, tx pgx.Tx, _ activity.Call, o Order) (int64, error) {
 		return reserveIn(ctx, tx, "oncekit", o)
 	}, nil)
 }
 
 func (d *deps) release(ctx context.Context, o Order) (bool, error) {
-	return activity.Do(ctx, o, func(ctx context.Context, tx pgx.Tx, _ keys.Key, o Order) (bool, error) {
+	return activity.Do(ctx, o, func(ctx context.Context, tx pgx.Tx, _ activity.Call, o Order) (bool, error) {
 		return releaseIn(ctx, tx, "oncekit", o)
 	}, nil)
 }
@@ -86,7 +85,7 @@ func (d *deps) refund(ctx context.Context, o Order) (bool, error) {
 }
 
 func (d *deps) ship(ctx context.Context, o Order) (int64, error) {
-	return activity.Do(ctx, o, func(ctx context.Context, tx pgx.Tx, _ keys.Key, o Order) (int64, error) {
+	return activity.Do(ctx, o, func(ctx context.Context, tx pgx.Tx, _ activity.Call, o Order) (int64, error) {
 		if o.ShippingFails {
 			return 0, activity.Definitive("shipping_unavailable", "no carrier serves the address of "+o.ID)
 		}

@@ -92,7 +92,7 @@ func run(cfg config) (demoReport, error) {
 		return demoReport{}, err
 	}
 	defer pg.Close()
-	tmp, err := testsuite.StartTemporal(ctx, &testsuite.TemporalOpts{UIPort: cfg.uiPort, Progress: os.Stderr})
+	tmp, err := testsuite.StartTemporal(ctx, &testsuite.TemporalConfig{UIPort: cfg.uiPort, Progress: os.Stderr})
 	if err != nil {
 		return demoReport{}, err
 	}

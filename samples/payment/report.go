@@ -11,12 +11,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/temporal"
 
-	"github.com/oncekit/oncekit/saga"
+	"github.com/oncekit/oncekit/policy"
 )
 
 func isCompensated(err error) bool {
 	var appErr *temporal.ApplicationError
-	return errors.As(err, &appErr) && (appErr.Type() == saga.ErrTypeCompensated || appErr.Type() == saga.ErrTypeCompensationFailed)
+	return errors.As(err, &appErr) && (appErr.Type() == policy.ErrTypeCompensated || appErr.Type() == policy.ErrTypeCompensationFailed)
 }
 
 // tally is what one saga did to the world, counted in the database.

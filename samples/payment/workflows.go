@@ -38,7 +38,7 @@ func CheckoutWorkflow(ctx workflow.Context, o Order) (string, error) {
 	co.StartToCloseTimeout = 3 * time.Second
 	co.RetryPolicy.InitialInterval = 200 * time.Millisecond
 	co.RetryPolicy.MaximumInterval = 2 * time.Second
-	opts := &saga.Options{Key: key, Request: o, CompensationOptions: &co}
+	opts := &saga.Opts{Key: key, Request: o, CompensationOptions: &co}
 	return saga.Run(ctx, opts, func(ctx workflow.Context, s *saga.Saga) (string, error) {
 		ctx = activityOptions(ctx)
 		steps := []saga.Step{
@@ -66,7 +66,7 @@ func NaiveCheckoutWorkflow(ctx workflow.Context, o Order) (result string, err er
 			for i := len(compensations) - 1; i >= 0; i-- {
 				_ = workflow.ExecuteActivity(ctx, compensations[i], o).Get(ctx, nil)
 			}
-			err = temporal.NewNonRetryableApplicationError(err.Error(), saga.ErrTypeCompensated, err)
+			err = temporal.NewNonRetryableApplicationError(err.Error(), policy.ErrTypeCompensated, err)
 		}
 	}()
 	if err = workflow.ExecuteActivity(ctx, "naive."+actReserve, o).Get(ctx, nil); err != nil {

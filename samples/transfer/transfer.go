@@ -58,7 +58,7 @@ func TransferMoney(ctx workflow.Context, d TransferDetails) error {
 	co := saga.CompensationOptionsDefault()
 	co.StartToCloseTimeout = 3 * time.Second
 	co.RetryPolicy.InitialInterval = 200 * time.Millisecond
-	return saga.RunErr(ctx, &saga.Options{Key: key, Request: d, CompensationOptions: &co}, func(ctx workflow.Context, s *saga.Saga) error {
+	return saga.RunErr(ctx, &saga.Opts{Key: key, Request: d, CompensationOptions: &co}, func(ctx workflow.Context, s *saga.Saga) error {
 		ctx = activityOptions(ctx)
 		for _, st := range []saga.Step{
 			{Name: "withdraw", Activity: Withdraw, Args: []any{d}, Compensation: WithdrawCompensation},

@@ -91,7 +91,7 @@ func TestTransfer_InMemoryCrash(t *testing.T) {
 			ref := fmt.Sprintf("%s-%v", wf, reject)
 			t.Run(ref, func(t *testing.T) {
 				faults := testsuite.NewFaultPlan().CrashAfterEffect(transfer.Withdraw).CrashAfterEffect(transfer.PlainPrefix + transfer.Withdraw)
-				env := testsuite.NewWorkflowEnvironment(&testsuite.EnvOpts{Ledger: l, Faults: faults})
+				env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: l, Faults: faults})
 				transfer.Register(env, &transfer.Activities{Bank: bank})
 				d := details(t, bank, ref, reject)
 				env.ExecuteWorkflow(wf, d)

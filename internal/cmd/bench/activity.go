@@ -3,11 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	tactivity "go.temporal.io/sdk/activity"
-	tworker "go.temporal.io/sdk/worker"
 	"io"
 	"sync"
 	"time"
+
+	tactivity "go.temporal.io/sdk/activity"
+	tworker "go.temporal.io/sdk/worker"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -17,7 +18,6 @@ import (
 
 	"github.com/oncekit/oncekit/activity"
 	"github.com/oncekit/oncekit/internal/devserver"
-	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/worker"
 )
@@ -80,7 +80,7 @@ func (b activityBench) run(ctx context.Context, out io.Writer) error {
 	var mu sync.Mutex
 	var replays []time.Duration
 	guarded := func(ctx context.Context, s benchStep) (int, error) {
-		fn := func(ctx context.Context, tx pgx.Tx, _ keys.Key, s benchStep) (int, error) {
+		fn := func(ctx context.Context, tx pgx.Tx, _ activity.Call, s benchStep) (int, error) {
 			_, err := tx.Exec(ctx, "INSERT INTO steps (workflow, step) VALUES ($1, $2)", s.Workflow, s.Step)
 			return s.Step, err
 		}
