@@ -43,7 +43,7 @@
 // Delivery is at least once, and says so: a dispatcher that dies after publishing and
 // before its transaction commits leaves the events pending, and they are published
 // again. Exactly-once effects come from the consumer's inbox, keyed by the event ID.
-// The publishers here carry that ID: [TemporalPublisher] uses it as the workflow ID, so
+// The publishers carry that ID: outboxtemporal.NewPublisher uses it as the workflow ID, so
 // Temporal itself rejects a duplicate start; [HTTPPublisher] sends it as the
 // Idempotency-Key.
 package outbox

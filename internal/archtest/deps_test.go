@@ -7,31 +7,60 @@ import (
 	"testing"
 )
 
-// The rules: workflow-side packages (saga, keys) import neither pgx nor the ledger, and
-// the ledger (with the packages built only on it) imports no Temporal package, so a
-// service without Temporal does not pull it in.
+const mod = "github.com/oncekit/oncekit/"
+
+// rules lists, for every public package, what it must not depend on: workflow-side
+// packages (saga, keys, policy) import neither pgx nor the ledger; the ledger and the
+// packages built only on it import no Temporal package, so a service without Temporal
+// does not pull it in; no library package imports the test helpers or the samples.
+var rules = map[string][]string{
+	"keys":                  {"github.com/jackc/pgx", mod + "ledger", "go.temporal.io/", mod + "testsuite"},
+	"saga":                  {"github.com/jackc/pgx", mod + "ledger", mod + "testsuite"},
+	"policy":                {"github.com/jackc/pgx", mod + "ledger", mod + "testsuite"},
+	"ledger":                {"go.temporal.io/", mod + "testsuite"},
+	"idempotency":           {"go.temporal.io/", mod + "testsuite"},
+	"webhook":               {"go.temporal.io/", mod + "testsuite"},
+	"inbox":                 {"go.temporal.io/", mod + "testsuite"},
+	"outbox":                {"go.temporal.io/", mod + "testsuite"},
+	"outbox/outboxtemporal": {mod + "testsuite", mod + "worker", mod + "activity"},
+	"activity":              {mod + "testsuite", mod + "worker"},
+	"worker":                {mod + "testsuite"},
+	"testsuite":             {mod + "samples"},
+	"samples/payment":       {mod + "samples/transfer"},
+	"samples/transfer":      {mod + "samples/payment", mod + "testsuite"},
+}
+
 func TestDependencyRules(t *testing.T) {
 	t.Parallel()
-	const mod = "github.com/oncekit/oncekit/"
-	for pkg, forbidden := range map[string][]string{
-		"keys":        {"github.com/jackc/pgx", mod + "ledger", "go.temporal.io/"},
-		"saga":        {"github.com/jackc/pgx", mod + "ledger"},
-		"policy":      {"github.com/jackc/pgx", mod + "ledger"},
-		"ledger":      {"go.temporal.io/"},
-		"idempotency": {"go.temporal.io/"},
-		"webhook":     {"go.temporal.io/"},
-		"inbox":       {"go.temporal.io/"},
-	} {
+	for pkg, forbidden := range rules {
 		out, err := exec.Command("go", "list", "-deps", mod+pkg).Output()
 		if err != nil {
 			t.Fatalf("go list %s: %v", pkg, err)
 		}
 		for _, dep := range strings.Fields(string(out)) {
 			for _, f := range forbidden {
-				if strings.HasPrefix(dep, f) {
+				if dep == f || strings.HasPrefix(dep, f+"/") || (strings.HasSuffix(f, "/") && strings.HasPrefix(dep, f)) {
 					t.Errorf("%s depends on %s", pkg, dep)
 				}
 			}
+		}
+	}
+}
+
+// Every public package has a rule, so a new package cannot slip past the check.
+func TestEveryPackageHasARule(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		rel := strings.TrimPrefix(pkg, mod)
+		if strings.HasPrefix(rel, "internal/") {
+			continue
+		}
+		if _, ok := rules[rel]; !ok {
+			t.Errorf("package %s has no dependency rule in internal/archtest", rel)
 		}
 	}
 }
