@@ -142,13 +142,17 @@ func resolve(ctx context.Context, o Opts) (*guard, error) {
 	return g, nil
 }
 
+// waitSlice is the longest single wait between two heartbeats of a waiting attempt (half
+// the heartbeat timeout when that is shorter).
+const waitSlice = 5 * time.Second
+
 // waitLoop calls try with bounded waits, heartbeating between them, until try returns
 // something other than ErrInProgress or the attempt's wait is used up.
 func (g *guard) waitLoop(ctx context.Context, try func(wait time.Duration) error) error {
 	if g.wait < 0 {
 		return try(0)
 	}
-	slice := 5 * time.Second
+	slice := waitSlice
 	if hb := g.info.HeartbeatTimeout; hb > 0 {
 		slice = min(slice, hb/2)
 	}

@@ -324,8 +324,15 @@ func (l *Ledger) settle(ctx context.Context, lt localTx, in Intent, wait time.Du
 	return l.settleQ(ctx, lt.q(), in, wait, start)
 }
 
+// A call waiting for another attempt's key reads the record again after pollFirst,
+// doubling up to pollMax.
+const (
+	pollFirst = 5 * time.Millisecond
+	pollMax   = 250 * time.Millisecond
+)
+
 func (l *Ledger) settleQ(ctx context.Context, q querier, in Intent, wait time.Duration, start time.Time) (Result, freedom, error) {
-	backoff := 5 * time.Millisecond
+	backoff := pollFirst
 	for {
 		rec, err := l.lookup(ctx, q, in.Scope, in.Key)
 		if err != nil {
@@ -362,7 +369,7 @@ func (l *Ledger) settleQ(ctx context.Context, q querier, in Intent, wait time.Du
 			return Result{}, notFree, ctx.Err()
 		case <-t.C:
 		}
-		backoff = min(backoff*2, 250*time.Millisecond)
+		backoff = min(backoff*2, pollMax)
 	}
 }
 

@@ -23,19 +23,19 @@ func Migrations() fs.FS {
 	return sub
 }
 
-// Migration is one numbered migration file.
-type Migration struct {
+// migration is one numbered migration file.
+type migration struct {
 	Version int
 	Name    string
 	SQL     string
 }
 
-func loadMigrations() ([]Migration, error) {
+func loadMigrations() ([]migration, error) {
 	entries, err := fs.ReadDir(migrationFiles, "migrations")
 	if err != nil {
 		return nil, err
 	}
-	var out []Migration
+	var out []migration
 	for _, e := range entries {
 		num, name, ok := strings.Cut(strings.TrimSuffix(e.Name(), ".sql"), "_")
 		v, err := strconv.Atoi(num)
@@ -46,9 +46,9 @@ func loadMigrations() ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, Migration{Version: v, Name: name, SQL: string(b)})
+		out = append(out, migration{Version: v, Name: name, SQL: string(b)})
 	}
-	slices.SortFunc(out, func(a, b Migration) int { return a.Version - b.Version })
+	slices.SortFunc(out, func(a, b migration) int { return a.Version - b.Version })
 	return out, nil
 }
 
@@ -83,7 +83,7 @@ func Migrate(ctx context.Context, db Beginner, schema string) (MigrateResult, er
 	return res, nil
 }
 
-func applyMigration(ctx context.Context, db Beginner, schema string, m Migration) (applied bool, err error) {
+func applyMigration(ctx context.Context, db Beginner, schema string, m migration) (applied bool, err error) {
 	ident := pgx.Identifier{schema}.Sanitize()
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended('oncekit.migrate.' || $1::text, 0))", schema); err != nil {

@@ -187,6 +187,14 @@ func newDispatchQueries(t string, ordered bool) dispatchQueries {
 // StopGrace, and the batch's other events are released at once to other dispatchers.
 // A publication in flight at the stop is not known to have arrived; it is attempted
 // again later, as at-least-once delivery allows.
+// After a failed batch, Run waits retryFirst, doubling up to dispatchRetryMax; a lost
+// LISTEN connection is redialled after retryFirst, doubling up to listenRetryMax.
+const (
+	retryFirst       = 100 * time.Millisecond
+	dispatchRetryMax = 5 * time.Second
+	listenRetryMax   = 2 * time.Second
+)
+
 func (d *Dispatcher) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	listening := make(chan struct{})
@@ -195,7 +203,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		d.listen(ctx, wake)
 	}()
 	defer func() { <-listening }()
-	backoff := 100 * time.Millisecond
+	backoff := retryFirst
 	for {
 		n, err := d.DispatchOnce(ctx)
 		if ctx.Err() != nil {
@@ -206,10 +214,10 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			if !sleep(ctx, backoff) {
 				return ctx.Err()
 			}
-			backoff = min(backoff*2, 5*time.Second)
+			backoff = min(backoff*2, dispatchRetryMax)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		backoff = retryFirst
 		if n > 0 {
 			continue // there was ready work, so there may be more: an ordered key's next event
 		}
@@ -341,7 +349,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 	}
 	// The outcomes are retried while the lease lasts: a dispatcher that lost its
 	// connection (a PostgreSQL restart) still knows what it published.
-	for backoff := 100 * time.Millisecond; ; backoff = min(backoff*2, 2*time.Second) {
+	for backoff := retryFirst; ; backoff = min(backoff*2, listenRetryMax) {
 		err := record(recordCtx, rest)
 		if err == nil {
 			break
