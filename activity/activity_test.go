@@ -7,11 +7,10 @@ import (
 	"testing"
 	"time"
 
-	tactivity "go.temporal.io/sdk/activity"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 

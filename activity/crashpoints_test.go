@@ -6,11 +6,10 @@ import (
 	"fmt"
 	"testing"
 
-	tactivity "go.temporal.io/sdk/activity"
-
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	tactivity "go.temporal.io/sdk/activity"
 
 	"github.com/oncekit/oncekit/activity"
 	"github.com/oncekit/oncekit/testsuite"

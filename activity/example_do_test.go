@@ -6,11 +6,10 @@ import (
 	"os"
 	"time"
 
-	tactivity "go.temporal.io/sdk/activity"
-
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"

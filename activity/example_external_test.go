@@ -8,9 +8,8 @@ import (
 	"sync"
 	"time"
 
-	tactivity "go.temporal.io/sdk/activity"
-
 	"github.com/jackc/pgx/v5/pgxpool"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"

@@ -2,15 +2,15 @@ package saga_test
 
 import (
 	"context"
-	tactivity "go.temporal.io/sdk/activity"
-	tworker "go.temporal.io/sdk/worker"
-	"go.temporal.io/sdk/workflow"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
+	tworker "go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/internal/devserver"
 	"github.com/oncekit/oncekit/keys"

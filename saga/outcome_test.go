@@ -3,7 +3,6 @@ package saga_test
 import (
 	"context"
 	"errors"
-	ttestsuite "go.temporal.io/sdk/testsuite"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +13,7 @@ import (
 	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
+	ttestsuite "go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"

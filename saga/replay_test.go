@@ -2,13 +2,13 @@ package saga_test
 
 import (
 	"context"
-	tactivity "go.temporal.io/sdk/activity"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	historypb "go.temporal.io/api/history/v1"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	tworker "go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"

@@ -126,7 +126,9 @@ func (s *Saga) beginRequest(ctx workflow.Context) (BeginRequest, error) {
 // recordOptions are the options of the Begin and End activities: short attempts (a lost
 // worker's attempt is retried within seconds), retried like compensations, so they wait
 // for a run in flight and outlive an outage.
-func recordOptions() workflow.ActivityOptions { return policy.CompensationOptions(recordAttemptTimeout) }
+func recordOptions() workflow.ActivityOptions {
+	return policy.CompensationOptions(recordAttemptTimeout)
+}
 
 // recordAttemptTimeout bounds one attempt of the Begin and End activities.
 const recordAttemptTimeout = 10 * time.Second

@@ -6,14 +6,13 @@ import (
 	"testing"
 	"time"
 
-	tactivity "go.temporal.io/sdk/activity"
-	ttestsuite "go.temporal.io/sdk/testsuite"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	enumspb "go.temporal.io/api/enums/v1"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
+	ttestsuite "go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"

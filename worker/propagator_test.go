@@ -2,11 +2,11 @@ package worker_test
 
 import (
 	"context"
-	tactivity "go.temporal.io/sdk/activity"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/keys"

@@ -2,15 +2,15 @@ package main
 
 import (
 	"context"
-	tactivity "go.temporal.io/sdk/activity"
-	tworker "go.temporal.io/sdk/worker"
-	"go.temporal.io/sdk/workflow"
 	"net/http"
 	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
+	tworker "go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/testsuite"

@@ -3,9 +3,9 @@ package transfer
 import (
 	"context"
 	"errors"
-	tactivity "go.temporal.io/sdk/activity"
 	"time"
 
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 

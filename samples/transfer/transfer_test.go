@@ -3,7 +3,6 @@ package transfer_test
 import (
 	"context"
 	"fmt"
-	tworker "go.temporal.io/sdk/worker"
 	"os"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/client"
+	tworker "go.temporal.io/sdk/worker"
 
 	"github.com/oncekit/oncekit/internal/devserver"
 	"github.com/oncekit/oncekit/internal/pgtest"

@@ -7,13 +7,12 @@ import (
 	"sync"
 	"time"
 
-	tactivity "go.temporal.io/sdk/activity"
-	tworker "go.temporal.io/sdk/worker"
-
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
+	tworker "go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"
