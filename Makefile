@@ -4,6 +4,8 @@ GO ?= go
 TOOLS_DIR ?= $(HOME)/.cache/oncekit/tools
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
 .PHONY: help demo test bench bench-check lint fmt fuzz temporal-cli
 
@@ -32,10 +34,16 @@ fuzz: ## Run each fuzz target for FUZZTIME (20s).
 			echo "fuzz $$pkg $$f"; $(GO) test -run XXX -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 		done; done
 
-lint: $(STATICCHECK) ## go vet, gofmt and staticcheck.
+lint: $(STATICCHECK) $(GOLANGCI_LINT) ## go vet, gofmt, staticcheck and golangci-lint (.golangci.yml).
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(STATICCHECK) ./...
+	$(GOLANGCI_LINT) run ./...
+
+$(GOLANGCI_LINT):
+	@mkdir -p $(TOOLS_DIR)/golangci-lint-build
+	GOBIN=$(TOOLS_DIR)/golangci-lint-build $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(TOOLS_DIR)/golangci-lint-build/golangci-lint $@
 
 $(STATICCHECK):
 	@mkdir -p $(TOOLS_DIR)

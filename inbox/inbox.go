@@ -291,11 +291,11 @@ func validate(subscriber, messageID string, fn HandlerFunc) error {
 	}
 	var ve *keys.ValidationError
 	if err := (keys.Scope{Tenant: subscriber, Operation: "inbox"}).Validate(); errors.As(err, &ve) {
-		return fmt.Errorf("oncekit/inbox: the subscriber name must be 1 to %d bytes of printable ASCII (%v): name each consumer with a fixed string",
+		return fmt.Errorf("oncekit/inbox: the subscriber name must be 1 to %d bytes of printable ASCII (%w): name each consumer with a fixed string",
 			keys.MaxScopeLen, ve.Err)
 	}
 	if err := keys.Key(messageID).Validate(); errors.As(err, &ve) {
-		return fmt.Errorf("oncekit/inbox: the message ID must be 1 to %d bytes of printable ASCII (%v, %d bytes): pass the broker's message ID, or a hash of a longer one",
+		return fmt.Errorf("oncekit/inbox: the message ID must be 1 to %d bytes of printable ASCII (%w, %d bytes): pass the broker's message ID, or a hash of a longer one",
 			keys.MaxLenDefault, ve.Err, len(messageID))
 	}
 	return nil

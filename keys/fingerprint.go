@@ -238,7 +238,7 @@ func jsonErr(dec *json.Decoder, err error) error {
 	if errors.As(err, &syn) {
 		return &JSONError{Offset: syn.Offset, Reason: syn.Error()}
 	}
-	if err == io.EOF {
+	if errors.Is(err, io.EOF) {
 		return &JSONError{Offset: dec.InputOffset(), Reason: "unexpected end of input"}
 	}
 	return &JSONError{Offset: dec.InputOffset(), Reason: err.Error()}

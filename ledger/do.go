@@ -168,7 +168,7 @@ func (l *Ledger) do(ctx context.Context, in Intent, fn Func, o DoOpts, lt localT
 		case notFree:
 			return res, err
 		case freeAbsent:
-			if execErr == errCommitConflict {
+			if errors.Is(execErr, errCommitConflict) {
 				if _, ok := lt.(*callerTx); ok {
 					// The record exists but this transaction's snapshot cannot see it.
 					return Result{}, &SnapshotConflictError{Scope: in.Scope, Key: in.Key}

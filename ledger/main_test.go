@@ -27,7 +27,7 @@ type testBundle struct {
 
 // setup migrates the ledger into a fresh schema with an "orders" business table and a
 // stubbed clock that starts at the database's time.
-func setup(t *testing.T, cfg *ledger.Config) (*ledger.Ledger, *testBundle) {
+func setup(t testing.TB, cfg *ledger.Config) (*ledger.Ledger, *testBundle) {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)

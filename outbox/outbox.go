@@ -114,7 +114,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uui
 	var orderingKeys []string
 	for i, e := range events {
 		if err := checkEvent(e); err != nil {
-			return nil, fmt.Errorf("%w %d: %s", ErrInvalidEvent, i, err)
+			return nil, fmt.Errorf("%w %d: %w", ErrInvalidEvent, i, err)
 		}
 		if e.OrderingKey != "" && !slices.Contains(orderingKeys, e.OrderingKey) {
 			orderingKeys = append(orderingKeys, e.OrderingKey)

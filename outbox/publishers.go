@@ -30,7 +30,7 @@ func HTTPPublisher(hc *http.Client, url string) Publisher {
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(e.Payload))
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrPermanent, err)
+			return fmt.Errorf("%w: %w", ErrPermanent, err)
 		}
 		if json.Valid(e.Payload) {
 			req.Header.Set("Content-Type", "application/json")

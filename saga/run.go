@@ -95,7 +95,8 @@ func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, 
 		}
 		end = Recorded{Ended: true, Result: body}
 	} else {
-		cerr := s.Compensate(ctx, err).(*CompensationError)
+		var cerr *CompensationError
+		errors.As(s.Compensate(ctx, err), &cerr) // Compensate always returns one
 		err = cerr.ApplicationError()
 		end = Recorded{Ended: true, ErrType: cerr.errType(), ErrMessage: err.Error()}
 	}

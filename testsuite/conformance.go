@@ -79,9 +79,9 @@ func (r Report) SameResult() bool {
 func (r Report) Problem() error {
 	switch {
 	case r.Crashed.Err != nil:
-		return fmt.Errorf("at %s: the first attempt failed by itself (%v); the check needs an attempt that succeeds", r.Point, r.Crashed.Err)
+		return fmt.Errorf("at %s: the first attempt failed by itself (%w); the check needs an attempt that succeeds", r.Point, r.Crashed.Err)
 	case r.Err != nil:
-		return fmt.Errorf("at %s: the retry after the crash failed: %v", r.Point, r.Err)
+		return fmt.Errorf("at %s: the retry after the crash failed: %w", r.Point, r.Err)
 	case len(slices.Compact(slices.Clone(r.Keys))) > 1:
 		return fmt.Errorf("at %s: the retry called the provider with another idempotency key (%q): send activity.Call.DownstreamKey", r.Point, r.Keys)
 	case r.Effects != 1:

@@ -128,7 +128,7 @@ func (c *Cluster) Start(ctx context.Context) error {
 		case err := <-exited:
 			c.cmd = nil
 			logf.Close()
-			return fmt.Errorf("pgtest: postgres exited during start: %v\n%s", err, c.tailLog())
+			return fmt.Errorf("pgtest: postgres exited during start: %w\n%s", err, c.tailLog())
 		case <-deadline.C:
 			return fmt.Errorf("pgtest: postgres did not accept connections within 30s\n%s", c.tailLog())
 		case <-ctx.Done():

@@ -41,7 +41,7 @@ func NewPublisher(c client.Client, route func(e outbox.Event) (Start, error)) ou
 	return outbox.PublisherFunc(func(ctx context.Context, e outbox.Event) error {
 		st, err := route(e)
 		if err != nil {
-			return fmt.Errorf("%w: %v", outbox.ErrPermanent, err)
+			return fmt.Errorf("%w: %w", outbox.ErrPermanent, err)
 		}
 		opts := st.Options
 		opts.ID = WorkflowIDPrefix + e.ID.String()

@@ -80,12 +80,12 @@ func run(cfg config) (demoReport, error) {
 	if err != nil {
 		return demoReport{}, err
 	}
-	defer pg.Close()
+	defer func() { _ = pg.Close() }()
 	tmp, err := testsuite.StartTemporal(ctx, &testsuite.TemporalConfig{UIPort: cfg.uiPort, Progress: os.Stderr})
 	if err != nil {
 		return demoReport{}, err
 	}
-	defer tmp.Stop()
+	defer func() { _ = tmp.Stop() }()
 	fmt.Printf("PostgreSQL ready; Temporal at %s", tmp.HostPort)
 	if tmp.UIAddress != "" {
 		fmt.Printf(", web UI at %s", tmp.UIAddress)
