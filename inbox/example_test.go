@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/inbox"
-	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 )
 
 // A consumer handles a message in its inbox: the handler's writes and the record of
@@ -23,7 +23,7 @@ func Example() {
 		panic(err)
 	}
 	defer pool.Close()
-	if _, err := ledger.Migrate(ctx, pool, ""); err != nil {
+	if _, err := migrate.Up(ctx, pool, ""); err != nil {
 		panic(err)
 	}
 	in, err := inbox.New(pool, nil)

@@ -264,8 +264,7 @@ func newQueries(schema string) queries {
 		// $3 the rejection.
 		reject: `UPDATE ` + t + ` SET state = 'rejected', error = $3 WHERE ` + pk,
 		// $1 batch size.
-		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY (
-			SELECT ctid FROM ` + t + ` WHERE expires_at <= now() ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))`,
+		purge: pgsql.PurgeSQL(t, "expires_at <= now()", "expires_at"),
 	}
 }
 
@@ -281,7 +280,7 @@ func (ib *Inbox) Purge(ctx context.Context, opts *PurgeOpts) (int64, error) {
 	if opts != nil && opts.BatchSize > 0 {
 		n = opts.BatchSize
 	}
-	deleted, _, err := pgsql.DeleteBatches(ctx, ib.pool, ib.q.purge, n, 0, n)
+	deleted, _, err := pgsql.Purge(ctx, ib.pool, ib.q.purge, n, 0)
 	return deleted, err
 }
 

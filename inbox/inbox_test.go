@@ -15,6 +15,7 @@ import (
 	"github.com/oncekit/oncekit/inbox"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 	"github.com/oncekit/oncekit/testsuite"
 )
 
@@ -24,7 +25,7 @@ func setup(t *testing.T) (*inbox.Inbox, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := ledger.Migrate(ctx, pool, schema)
+	_, err := migrate.Up(ctx, pool, schema)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `CREATE TABLE credits (id bigserial PRIMARY KEY, message text NOT NULL, amount bigint NOT NULL)`)
 	require.NoError(t, err)

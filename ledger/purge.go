@@ -55,7 +55,7 @@ func (l *Ledger) purge(ctx context.Context, q querier, opts *PurgeOpts) (PurgeRe
 	}
 	var res PurgeResult
 	var err error
-	res.Deleted, res.Batches, err = pgsql.DeleteBatches(ctx, q, l.q.purge, o.BatchSize, o.MaxBatches, l.now(), o.BatchSize)
+	res.Deleted, res.Batches, err = pgsql.Purge(ctx, q, l.q.purge, o.BatchSize, o.MaxBatches, l.now())
 	if err != nil {
 		return res, fmt.Errorf("oncekit/ledger: purge: %w", err)
 	}

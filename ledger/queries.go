@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/keys"
 )
 
@@ -115,14 +116,9 @@ func newQueries(schema string) queries {
 		// $5 token, $6 lease.
 		extend: `UPDATE ` + t + ` SET lease_until = ` + now + ` + $6::interval, updated_at = ` + now + `
 			WHERE ` + owned + ` RETURNING lease_until`,
-		// $1 now, $2 batch size. SKIP LOCKED lets many purgers share the work.
-		purge: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY (
-				SELECT ctid FROM ` + t + `
-				WHERE expires_at <= coalesce($1::timestamptz, now())
-				  AND (state <> 'pending' OR lease_until IS NULL OR lease_until <= coalesce($1::timestamptz, now()))
-				ORDER BY expires_at
-				LIMIT $2
-				FOR UPDATE SKIP LOCKED))`,
+		// $1 batch size, $2 now. A pending record with a live lease is kept.
+		purge: pgsql.PurgeSQL(t, `expires_at <= coalesce($2::timestamptz, now())
+				AND (state <> 'pending' OR lease_until IS NULL OR lease_until <= coalesce($2::timestamptz, now()))`, "expires_at"),
 	}
 }
 

@@ -270,6 +270,20 @@ type claimed struct {
 	seq int64
 }
 
+// Drain dispatches batches until none is ready, and returns how many events it claimed:
+// for tests, scripts and a last pass before shutdown. An event whose publication failed
+// waits out its backoff, so it does not keep Drain going.
+func (d *Dispatcher) Drain(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		n, err := d.DispatchOnce(ctx)
+		total += n
+		if err != nil || n == 0 {
+			return total, err
+		}
+	}
+}
+
 // DispatchOnce claims one batch with a lease and commits the claim, publishes the
 // events one by one (each within PublishTimeout), and records the outcomes. No row
 // lock is held while publishing. It returns how many events it claimed.

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/inbox"
-	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 	"github.com/oncekit/oncekit/outbox"
 )
 
@@ -23,7 +23,7 @@ func Example() {
 		panic(err)
 	}
 	defer pool.Close()
-	if _, err := ledger.Migrate(ctx, pool, ""); err != nil {
+	if _, err := migrate.Up(ctx, pool, ""); err != nil {
 		panic(err)
 	}
 	_, _ = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS example_ledger_lines (event_id uuid NOT NULL)`)
@@ -58,14 +58,8 @@ func Example() {
 		return consume(ctx, e) // at least once: a second delivery of the same event
 	})
 	d, _ := outbox.NewDispatcher(out, twice, nil)
-	for {
-		n, err := d.DispatchOnce(ctx)
-		if err != nil {
-			panic(err)
-		}
-		if n == 0 {
-			break
-		}
+	if _, err := d.Drain(ctx); err != nil {
+		panic(err)
 	}
 	fmt.Println("effects:", handled)
 	// Output: effects: 1

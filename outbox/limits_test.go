@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekit/oncekit/internal/pgtest"
-	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 	"github.com/oncekit/oncekit/outbox"
 )
 
@@ -20,7 +20,7 @@ func TestOutbox_LongSchemaName(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := pgtest.NewSchema(t)
 	schema := "s_" + strings.Repeat("x", 58) // 60 bytes: a valid identifier
-	_, err := ledger.Migrate(ctx, pool, schema)
+	_, err := migrate.Up(ctx, pool, schema)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")

@@ -246,9 +246,10 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 	return s, err
 }
 
-// PurgePublished deletes events published before the given time, in batches.
+// PurgePublished deletes events published before the given time, in batches of
+// ledger.PurgeBatchDefault; many purgers may run at once.
 func (o *Outbox) PurgePublished(ctx context.Context, before time.Time) (int64, error) {
-	deleted, _, err := pgsql.DeleteBatches(ctx, o.pool, `DELETE FROM `+o.t+` WHERE ctid = ANY (ARRAY (
-		SELECT ctid FROM `+o.t+` WHERE state = 'published' AND published_at < $1 LIMIT 1000 FOR UPDATE SKIP LOCKED))`, 1000, 0, before)
+	deleted, _, err := pgsql.Purge(ctx, o.pool, pgsql.PurgeSQL(o.t, "state = 'published' AND published_at < $2", "seq"),
+		ledger.PurgeBatchDefault, 0, before)
 	return deleted, err
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/oncekit/oncekit/inbox"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 	"github.com/oncekit/oncekit/outbox"
 	"github.com/oncekit/oncekit/testsuite"
 )
@@ -39,7 +40,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := ledger.Migrate(ctx, pool, schema)
+	_, err := migrate.Up(ctx, pool, schema)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `
 		CREATE TABLE transfers (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL);
@@ -97,17 +98,11 @@ func (b *bundle) dispatcher(t testing.TB, pub outbox.Publisher, cfg *outbox.Disp
 	return d
 }
 
-// drain dispatches until nothing is pending.
+// drain dispatches until nothing is ready.
 func (b *bundle) drain(t testing.TB, d *outbox.Dispatcher) {
 	t.Helper()
-	for range 1000 {
-		n, err := d.DispatchOnce(context.Background())
-		require.NoError(t, err)
-		if n == 0 {
-			return
-		}
-	}
-	t.Fatal("the outbox did not drain")
+	_, err := d.Drain(context.Background())
+	require.NoError(t, err)
 }
 
 // A rolled-back business transaction leaves no event.
@@ -334,4 +329,27 @@ func TestOutbox_BadInput(t *testing.T) {
 	require.ErrorContains(t, err, "no topic")
 	_, err = outbox.NewDispatcher(b.out, nil, nil)
 	require.Error(t, err)
+}
+
+// PurgePublished deletes published events older than the cut-off, in batches, and
+// leaves pending ones and newer ones.
+func TestOutbox_PurgePublished(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for i := range 3 {
+		b.produce(t, fmt.Sprintf("acc-p%d", i), 1)
+	}
+	b.drain(t, b.dispatcher(t, outbox.PublisherFunc(func(context.Context, outbox.Event) error { return nil }), nil))
+	pending := b.produce(t, "acc-pending", 1)
+	n, err := b.out.PurgePublished(ctx, time.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing was published before the cut-off")
+	n, err = b.out.PurgePublished(ctx, time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n)
+	st, err := b.out.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.Stats{Pending: 1}, st)
+	testsuite.RequireExactlyOnce(t, b.pool, `SELECT count(*) FROM `+b.schema+`.outbox_events WHERE id = $1`, pending)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 	"github.com/oncekit/oncekit/webhook"
 )
 
@@ -27,7 +28,7 @@ func Example() {
 		panic(err)
 	}
 	defer pool.Close()
-	if _, err := ledger.Migrate(ctx, pool, ""); err != nil {
+	if _, err := migrate.Up(ctx, pool, ""); err != nil {
 		panic(err)
 	}
 	l, err := ledger.New(pool, nil)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 	"github.com/oncekit/oncekit/webhook"
 )
 
@@ -100,7 +101,7 @@ func peakHeap(f func()) uint64 {
 func TestReceiver_HostileBodies(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := ledger.Migrate(context.Background(), pool, schema)
+	_, err := migrate.Up(context.Background(), pool, schema)
 	require.NoError(t, err)
 	l, err := ledger.New(pool, &ledger.Config{Schema: schema})
 	require.NoError(t, err)
@@ -168,7 +169,7 @@ func TestReceiver_HostileBodies(t *testing.T) {
 func TestReceiver_NoWaitForReadSlot(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := ledger.Migrate(context.Background(), pool, schema)
+	_, err := migrate.Up(context.Background(), pool, schema)
 	require.NoError(t, err)
 	l, err := ledger.New(pool, &ledger.Config{Schema: schema})
 	require.NoError(t, err)

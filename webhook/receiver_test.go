@@ -19,6 +19,7 @@ import (
 
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 	"github.com/oncekit/oncekit/webhook"
 )
 
@@ -46,7 +47,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := ledger.Migrate(ctx, pool, schema)
+	_, err := migrate.Up(ctx, pool, schema)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `CREATE TABLE issues (id text PRIMARY KEY, title text NOT NULL);
 		CREATE TABLE receipts (delivery text NOT NULL)`)

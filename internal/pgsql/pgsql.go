@@ -83,11 +83,19 @@ type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// DeleteBatches runs a batched delete until a batch deletes fewer than batch rows, or
-// maxBatches statements have run (0: no limit). The statement deletes at most batch
-// rows, selected FOR UPDATE SKIP LOCKED so concurrent purgers share the work; args are
-// its arguments.
-func DeleteBatches(ctx context.Context, q Execer, sql string, batch, maxBatches int, args ...any) (deleted int64, batches int, err error) {
+// PurgeSQL is the one statement every purge runs: it deletes at most $1 rows of table
+// (schema-qualified and quoted) matching where, in order, picked FOR UPDATE SKIP LOCKED
+// so that concurrent purgers share the work. where and order refer to the purge's own
+// arguments as $2 onwards.
+func PurgeSQL(table, where, order string) string {
+	return `DELETE FROM ` + table + ` WHERE ctid = ANY (ARRAY (
+		SELECT ctid FROM ` + table + ` WHERE ` + where + ` ORDER BY ` + order + ` LIMIT $1 FOR UPDATE SKIP LOCKED))`
+}
+
+// Purge runs a statement from [PurgeSQL] in batches of batch rows until a batch deletes
+// fewer, or maxBatches statements have run (0: no limit). args are $2 onwards.
+func Purge(ctx context.Context, q Execer, sql string, batch, maxBatches int, args ...any) (deleted int64, batches int, err error) {
+	args = append([]any{batch}, args...)
 	for maxBatches == 0 || batches < maxBatches {
 		tag, err := q.Exec(ctx, sql, args...)
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 	"github.com/oncekit/oncekit/outbox"
 	"github.com/oncekit/oncekit/outbox/outboxtemporal"
 	"github.com/oncekit/oncekit/testsuite"
@@ -34,7 +35,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := ledger.Migrate(ctx, pool, schema)
+	_, err := migrate.Up(ctx, pool, schema)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `CREATE TABLE statements (id bigserial PRIMARY KEY, event_id uuid NOT NULL, account text NOT NULL, amount bigint NOT NULL)`)
 	require.NoError(t, err)
@@ -108,13 +109,8 @@ func TestPublisher_DuplicatePublishIsRejectedByTemporal(t *testing.T) {
 	}))
 	_, err = first.DispatchOnce(dctx)
 	require.Error(t, err)
-	for {
-		n, err := b.dispatcher(t, pub).DispatchOnce(ctx)
-		require.NoError(t, err)
-		if n == 0 {
-			break
-		}
-	}
+	_, err = b.dispatcher(t, pub).Drain(ctx)
+	require.NoError(t, err)
 
 	run := c.GetWorkflow(ctx, outboxtemporal.WorkflowIDPrefix+id.String(), "")
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 	"github.com/oncekit/oncekit/testsuite"
 	"github.com/oncekit/oncekit/worker"
 )
@@ -336,7 +337,7 @@ func setupDatabase(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+s+" CASCADE"); err != nil {
 			return nil, err
 		}
-		if _, err := ledger.Migrate(ctx, conn, s); err != nil {
+		if _, err := migrate.Up(ctx, conn, s); err != nil {
 			return nil, err
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 )
 
 const benchSchema = "oncekit_bench"
@@ -285,7 +286,7 @@ func setupSchema(ctx context.Context, url string) error {
 	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+benchSchema+" CASCADE"); err != nil {
 		return err
 	}
-	if _, err := ledger.Migrate(ctx, conn, benchSchema); err != nil {
+	if _, err := migrate.Up(ctx, conn, benchSchema); err != nil {
 		return err
 	}
 	_, err = conn.Exec(ctx, `SET search_path TO `+benchSchema+`;

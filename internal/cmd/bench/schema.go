@@ -6,7 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 )
 
 // freshSchema recreates schema with oncekit's tables and the benchmark's own (ddl, run
@@ -21,7 +21,7 @@ func freshSchema(ctx context.Context, url, schema, ddl string) (*pgxpool.Pool, e
 	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+ident+" CASCADE"); err != nil {
 		return nil, err
 	}
-	if _, err := ledger.Migrate(ctx, conn, schema); err != nil {
+	if _, err := migrate.Up(ctx, conn, schema); err != nil {
 		return nil, err
 	}
 	if _, err := conn.Exec(ctx, "SET search_path TO "+ident+"; "+ddl); err != nil {

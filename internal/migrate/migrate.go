@@ -1,0 +1,160 @@
+// Package migrate applies oncekit's migration lines: each feature keeps its own
+// numbered SQL files beside the code that queries them, and one table records which
+// file of which line a schema has.
+package migrate
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Beginner starts a transaction. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Line is one feature's migrations: files named NNN_name.sql at the root of Files.
+type Line struct {
+	Name  string
+	Files fs.FS
+}
+
+// File is one migration of a line.
+type File struct {
+	Line    string
+	Version int
+	Name    string
+	SQL     string
+}
+
+// Load returns the line's migrations in order.
+func (l Line) Load() ([]File, error) {
+	entries, err := fs.ReadDir(l.Files, ".")
+	if err != nil {
+		return nil, err
+	}
+	var out []File
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".sql") {
+			continue
+		}
+		num, name, ok := strings.Cut(strings.TrimSuffix(e.Name(), ".sql"), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("oncekit: migration file %s/%q is not named NNN_name.sql", l.Name, e.Name())
+		}
+		b, err := fs.ReadFile(l.Files, e.Name())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, File{Line: l.Name, Version: v, Name: name, SQL: string(b)})
+	}
+	slices.SortFunc(out, func(a, b File) int { return a.Version - b.Version })
+	return out, nil
+}
+
+// table records applied files. Versions before lines recorded one version per schema; a
+// table of that shape gains the line column, its rows keep the line "legacy", and every
+// line's files (all safe to run more than once) are applied and recorded again.
+const table = `CREATE TABLE IF NOT EXISTS oncekit_migrations (
+	line       text        NOT NULL DEFAULT 'legacy',
+	version    integer     NOT NULL,
+	name       text        NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT now(),
+	CONSTRAINT oncekit_migrations_pkey PRIMARY KEY (line, version));
+ALTER TABLE oncekit_migrations ADD COLUMN IF NOT EXISTS line text NOT NULL DEFAULT 'legacy';
+DO $$ BEGIN
+	IF (SELECT count(*) FROM pg_attribute a JOIN pg_index i ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+	    WHERE i.indrelid = 'oncekit_migrations'::regclass AND i.indisprimary) = 1 THEN
+		ALTER TABLE oncekit_migrations DROP CONSTRAINT oncekit_migrations_pkey;
+		ALTER TABLE oncekit_migrations ADD CONSTRAINT oncekit_migrations_pkey PRIMARY KEY (line, version);
+	END IF;
+END $$`
+
+// Up applies, in schema, every file of lines not yet applied, each in its own
+// transaction under a transaction-scoped advisory lock, so many processes may call it at
+// once. It returns the files it applied.
+func Up(ctx context.Context, db Beginner, schema string, lines ...Line) ([]File, error) {
+	var applied []File
+	for _, l := range lines {
+		files, err := l.Load()
+		if err != nil {
+			return applied, err
+		}
+		for _, f := range files {
+			ok, err := apply(ctx, db, schema, f)
+			if err != nil {
+				return applied, fmt.Errorf("oncekit: migration %s/%03d_%s: %w", f.Line, f.Version, f.Name, err)
+			}
+			if ok {
+				applied = append(applied, f)
+			}
+		}
+	}
+	return applied, nil
+}
+
+func apply(ctx context.Context, db Beginner, schema string, f File) (applied bool, err error) {
+	ident := pgx.Identifier{schema}.Sanitize()
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		for _, stmt := range []string{
+			"SELECT pg_advisory_xact_lock(hashtextextended('oncekit.migrate.' || " + quote(schema) + ", 0))",
+			"CREATE SCHEMA IF NOT EXISTS " + ident,
+			"SET LOCAL search_path TO " + ident,
+			table,
+		} {
+			if _, err := tx.Exec(ctx, stmt, pgx.QueryExecModeSimpleProtocol); err != nil {
+				return err
+			}
+		}
+		var done bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM oncekit_migrations WHERE line = $1 AND version = $2)",
+			f.Line, f.Version).Scan(&done); err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, f.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO oncekit_migrations (line, version, name) VALUES ($1, $2, $3)", f.Line, f.Version, f.Name); err != nil {
+			return err
+		}
+		applied = true
+		return nil
+	})
+	return applied, err
+}
+
+// Script returns lines as one plain SQL script for psql or another migration tool: it
+// creates schema, sets the search_path, and applies and records every file. Each file is
+// safe to run more than once, so the script is too, and a schema set up by it is one
+// that Up finds current.
+func Script(schema string, lines ...Line) (string, error) {
+	var b strings.Builder
+	ident := pgx.Identifier{schema}.Sanitize()
+	fmt.Fprintf(&b, "-- oncekit schema %s: every migration line. Safe to run more than once.\n", schema)
+	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\nSET search_path TO %s;\n%s;\n", ident, ident, table)
+	for _, l := range lines {
+		files, err := l.Load()
+		if err != nil {
+			return "", err
+		}
+		for _, f := range files {
+			fmt.Fprintf(&b, "\n-- %s/%03d_%s.sql\n%s\n", f.Line, f.Version, f.Name, strings.TrimSpace(f.SQL))
+			fmt.Fprintf(&b, "INSERT INTO oncekit_migrations (line, version, name) VALUES (%s, %d, %s) ON CONFLICT DO NOTHING;\n",
+				quote(f.Line), f.Version, quote(f.Name))
+		}
+	}
+	return b.String(), nil
+}
+
+// quote is a SQL string literal of s.
+func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
