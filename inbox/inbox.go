@@ -251,7 +251,6 @@ type queries struct {
 
 func newQueries(schema string) queries {
 	t := pgx.Identifier{schema, "inbox_messages"}.Sanitize()
-	pk := "subscriber = $1 AND message_id = $2"
 	return queries{
 		// $3 retention. An expired record is taken over: the message is new again. A
 		// live one leaves the INSERT without a row; a concurrent delivery's uncommitted
@@ -260,9 +259,9 @@ func newQueries(schema string) queries {
 			ON CONFLICT (subscriber, message_id) DO UPDATE SET state = 'processed', error = NULL,
 				received_at = excluded.received_at, expires_at = excluded.expires_at
 			WHERE r.expires_at <= now()`,
-		lookup: `SELECT state FROM ` + t + ` WHERE ` + pk,
+		lookup: `SELECT state FROM ` + t + ` WHERE subscriber = $1 AND message_id = $2`,
 		// $3 the rejection.
-		reject: `UPDATE ` + t + ` SET state = 'rejected', error = $3 WHERE ` + pk,
+		reject: `UPDATE ` + t + ` SET state = 'rejected', error = $3 WHERE subscriber = $1 AND message_id = $2`,
 		// $1 batch size.
 		purge: pgsql.PurgeSQL(t, "expires_at <= now()", "expires_at"),
 	}

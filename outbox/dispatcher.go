@@ -151,20 +151,27 @@ func setDefault[T int | time.Duration](v *T, def T) {
 }
 
 func newDispatchQueries(t string, ordered bool) dispatchQueries {
-	ready := `state = 'pending' AND available_at <= now() AND (locked_until IS NULL OR locked_until <= now())`
-	pick := `SELECT id FROM ` + t + ` e WHERE ` + ready
+	// $1 batch size, $2 lease. The ready events, in order of enqueueing.
+	claim := `UPDATE ` + t + ` SET locked_until = now() + $2::interval WHERE id IN (
+			SELECT id FROM ` + t + ` e
+			WHERE state = 'pending' AND available_at <= now() AND (locked_until IS NULL OR locked_until <= now())
+			ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)
+		RETURNING seq, id, topic, coalesce(ordering_key, ''), payload, attempts, created_at`
 	if ordered {
-		// The head of each key, and the events behind it: no earlier pending event of
-		// the key may be waiting for a retry or leased to another dispatcher.
-		pick += ` AND (ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + t + ` p
-			WHERE p.ordering_key = e.ordering_key AND p.state = 'pending' AND p.seq < e.seq
-			  AND (p.available_at > now() OR p.locked_until > now())))`
+		// $1 batch size, $2 lease. The head of each key, and the events behind it: no
+		// earlier pending event of the key may be waiting for a retry or leased to
+		// another dispatcher.
+		claim = `UPDATE ` + t + ` SET locked_until = now() + $2::interval WHERE id IN (
+			SELECT id FROM ` + t + ` e
+			WHERE state = 'pending' AND available_at <= now() AND (locked_until IS NULL OR locked_until <= now())
+			  AND (ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + t + ` p
+				WHERE p.ordering_key = e.ordering_key AND p.state = 'pending' AND p.seq < e.seq
+				  AND (p.available_at > now() OR p.locked_until > now())))
+			ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)
+		RETURNING seq, id, topic, coalesce(ordering_key, ''), payload, attempts, created_at`
 	}
-	pick += ` ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED`
 	return dispatchQueries{
-		// $1 batch size, $2 lease.
-		claim: `UPDATE ` + t + ` SET locked_until = now() + $2::interval WHERE id IN (` + pick + `)
-			RETURNING seq, id, topic, coalesce(ordering_key, ''), payload, attempts, created_at`,
+		claim: claim,
 		// $1 ids.
 		published: `UPDATE ` + t + ` SET state = 'published', published_at = now(), attempts = attempts + 1, locked_until = NULL
 			WHERE id = ANY($1)`,
