@@ -33,7 +33,7 @@ func TestDo_CrashBeforeComplete(t *testing.T) {
 			req := reserveReq{OrderID: "o-1", SKU: "book", Qty: 2}
 			effects := func(ctx context.Context) (int, error) { return countWhere(ctx, pool, "reservations", req.OrderID) }
 
-			act := reserve
+			act := reserveOrder
 			if local {
 				act = reserveByOrder // see testsuite.Case.Local
 			}
@@ -178,7 +178,7 @@ func TestTenantPropagatesToActivities(t *testing.T) {
 	t.Parallel()
 	l, pool := setup(t)
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: l})
-	env.RegisterActivityWithOptions(reserve, tactivity.RegisterOptions{Name: "inventory.reserve"})
+	env.RegisterActivityWithOptions(reserveOrder, tactivity.RegisterOptions{Name: "inventory.reserve"})
 	env.ExecuteWorkflow(func(ctx workflow.Context) error {
 		ctx = workflow.WithValue(ctx, keys.TenantContextKey, "tenant-42")
 		return oneActivity(ctx, "inventory.reserve", reserveReq{OrderID: "o-t", SKU: "x", Qty: 1})

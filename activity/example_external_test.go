@@ -64,7 +64,7 @@ func ExampleExternal() {
 	chargeCard := func(ctx context.Context, req Charge) (string, error) {
 		return activity.External(ctx, req, func(ctx context.Context, call activity.Call, req Charge) (string, error) {
 			return provider.Charge(string(call.DownstreamKey), req.Amount)
-		}, &activity.Opts{Purpose: "provider-charge"})
+		}, nil)
 	}
 	pay := func(ctx workflow.Context, req Charge) (string, error) {
 		ctx = workflow.WithActivityOptions(ctx, policy.ActivityOptions(time.Minute))

@@ -43,8 +43,8 @@ type reservation struct {
 	Key           string `json:"key"`
 }
 
-// reserve is a guarded local side effect: it writes in the ledger's transaction.
-func reserve(ctx context.Context, req reserveReq) (reservation, error) {
+// reserveOrder is a guarded local side effect: it writes in the ledger's transaction.
+func reserveOrder(ctx context.Context, req reserveReq) (reservation, error) {
 	return activity.Do(ctx, req, func(ctx context.Context, tx pgx.Tx, call activity.Call, req reserveReq) (reservation, error) {
 		var id int64
 		err := tx.QueryRow(ctx, `INSERT INTO reservations (order_id, sku, qty) VALUES ($1, $2, $3) RETURNING id`,
@@ -53,7 +53,7 @@ func reserve(ctx context.Context, req reserveReq) (reservation, error) {
 	}, nil)
 }
 
-// reserveByOrder is reserve under a business key: order ID and step.
+// reserveByOrder is reserveOrder under a business key: order ID and step.
 func reserveByOrder(ctx context.Context, req reserveReq) (reservation, error) {
 	key, err := keys.Business(req.OrderID, "reserve")
 	if err != nil {

@@ -49,7 +49,7 @@ func ExampleLedger_Do() {
 	}
 
 	for range 2 {
-		res, err := l.Do(ctx, in, create, nil)
+		res, err := l.Do(ctx, in, create, nil) // res.Replayed on a retry: the stored body, and nothing ran
 		if err != nil {
 			panic(err)
 		}

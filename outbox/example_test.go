@@ -30,7 +30,7 @@ func Example() {
 	out, _ := outbox.New(pool, nil)
 	in, _ := inbox.New(pool, nil)
 
-	// Producer: the event exists if and only if this transaction commits.
+	// Producer, in the business transaction:
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := out.Enqueue(ctx, tx, outbox.Event{Topic: "payments.captured", Payload: []byte(`{"amount":4200}`)})
 		return err
@@ -57,6 +57,7 @@ func Example() {
 		}
 		return consume(ctx, e) // at least once: a second delivery of the same event
 	})
+	// Dispatcher: outbox.HTTPPublisher, outboxtemporal.NewPublisher, or your own.
 	d, _ := outbox.NewDispatcher(out, twice, nil)
 	if _, err := d.Drain(ctx); err != nil {
 		panic(err)

@@ -35,7 +35,7 @@ func Transfer(ctx workflow.Context, id string) (string, error) {
 			{Name: "notify", Activity: "notify", Args: []any{id}},
 		} {
 			if err := s.Do(ctx, st, nil); err != nil {
-				return "", err
+				return "", err // Run compensates: reverse order, or all at once with Opts.Parallel
 			}
 		}
 		return "transferred", nil

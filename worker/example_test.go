@@ -53,7 +53,8 @@ func ExampleNewPlugin() {
 	w := tworker.New(c, "checkout", tworker.Options{})
 	w.RegisterWorkflow(Checkout)
 	w.RegisterActivity(&Inventory{pool: pool})
-	if err := w.Run(tworker.InterruptCh()); err != nil {
+	err = w.Run(tworker.InterruptCh()) // until SIGINT or SIGTERM
+	if err != nil {
 		log.Fatal(err)
 	}
 }
