@@ -83,7 +83,7 @@ func TestExternal_CrashAndUncertainCall(t *testing.T) {
 	env.RegisterActivityWithOptions(chargeCard, tactivity.RegisterOptions{Name: "payments.charge"})
 	env.ExecuteWorkflow(oneActivity, "payments.charge", chargeReq{OrderID: "o-uncertain", Amount: 100})
 	require.NoError(t, env.GetWorkflowError())
-	testsuite.RequireExactlyOnce(t, pool, "SELECT count(*) FROM provider_charges WHERE order_id = 'o-uncertain'")
+	testsuite.RequireExactlyOnce(t.Context(), t, pool, "SELECT count(*) FROM provider_charges WHERE order_id = 'o-uncertain'")
 	require.Equal(t, 7, calls, "the uncertain call was re-driven once")
 }
 
@@ -118,7 +118,7 @@ func TestDo_KeyReusedInWorkflow(t *testing.T) {
 	require.ErrorAs(t, err, &appErr)
 	require.Equal(t, policy.ErrTypeKeyReused, appErr.Type())
 	require.True(t, appErr.NonRetryable())
-	testsuite.RequireExactlyOnce(t, pool, "SELECT count(*) FROM reservations WHERE order_id = 'o-9'")
+	testsuite.RequireExactlyOnce(t.Context(), t, pool, "SELECT count(*) FROM reservations WHERE order_id = 'o-9'")
 }
 
 // A definitive business failure is non-retryable, typed by its code, and replayed

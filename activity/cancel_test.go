@@ -11,9 +11,9 @@ import (
 	tworker "go.temporal.io/sdk/worker"
 
 	"github.com/oncekit/oncekit/activity"
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
-	"github.com/oncekit/oncekit/testsuite"
 )
 
 // An attempt waiting for another attempt's key gives up as soon as it is cancelled, and
@@ -42,7 +42,7 @@ func TestDo_WaitRespectsCancellation(t *testing.T) {
 
 	bg, cancel := context.WithCancel(context.Background())
 	var s ttestsuite.WorkflowTestSuite
-	s.SetLogger(testsuite.QuietLogger{})
+	s.SetLogger(devenv.QuietLogger())
 	env := s.NewTestActivityEnvironment()
 	env.SetWorkerOptions(tworker.Options{BackgroundActivityContext: bg})
 	ran := false

@@ -69,5 +69,5 @@ func TestDo_WaitsHeartbeatingForInFlightDuplicate(t *testing.T) {
 	require.Equal(t, ids[0], ids[1], "the duplicate replayed the first's result")
 	require.Equal(t, int32(1), runs.Load())
 	require.Positive(t, heartbeats.Load(), "the duplicate heartbeated while it waited")
-	testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM reservations WHERE order_id = 'o-wait'`)
+	testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM reservations WHERE order_id = 'o-wait'`)
 }

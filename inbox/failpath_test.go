@@ -79,7 +79,7 @@ func TestInbox_RejectionAfterSQLErrorIsRecorded(t *testing.T) {
 		require.ErrorAs(t, err, &derr)
 		require.True(t, res.Rejected)
 		require.NoError(t, tx.Commit(ctx))
-		testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM credits WHERE message = 'callers-`+msg+`'`)
+		testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM credits WHERE message = 'callers-`+msg+`'`)
 		res, err = ib.Handle(ctx, "billing", msg, rejectDuplicate(msg))
 		require.NoError(t, err)
 		require.True(t, res.Duplicate)
@@ -108,7 +108,7 @@ func TestInbox_HandleTxFailureLeavesCallerTxUsable(t *testing.T) {
 		_, err = tx.Exec(ctx, "SELECT 1")
 		require.NoError(t, err, "the caller's transaction is usable")
 		require.NoError(t, tx.Commit(ctx))
-		testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM credits WHERE message = 'callers-`+msg+`'`)
+		testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM credits WHERE message = 'callers-`+msg+`'`)
 		// The message was not recorded: its redelivery is handled.
 		res, err := ib.Handle(ctx, "billing", msg, credit(msg))
 		require.NoError(t, err)

@@ -54,7 +54,7 @@ func TestInbox_CommitThenCrashBeforeAck(t *testing.T) {
 	res, err = ib.Handle(ctx, "billing", "msg-1", credit("msg-1"))
 	require.NoError(t, err)
 	require.True(t, res.Duplicate)
-	testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-1'`)
+	testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-1'`)
 
 	// Another subscriber handles the same message independently.
 	res, err = ib.Handle(ctx, "analytics", "msg-1", credit("msg-1"))
@@ -73,11 +73,11 @@ func TestInbox_FailedHandlerIsRetried(t *testing.T) {
 		return boom
 	})
 	require.ErrorIs(t, err, boom)
-	testsuite.RequireCount(t, pool, 0, `SELECT count(*) FROM credits`)
+	testsuite.RequireCount(t.Context(), t, pool, 0, `SELECT count(*) FROM credits`)
 	res, err := ib.Handle(ctx, "billing", "msg-2", credit("msg-2"))
 	require.NoError(t, err)
 	require.False(t, res.Duplicate)
-	testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-2'`)
+	testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-2'`)
 }
 
 // A poison message is rejected definitively: its writes are undone and it is never
@@ -101,7 +101,7 @@ func TestInbox_RejectedMessage(t *testing.T) {
 	require.True(t, res.Duplicate)
 	require.True(t, res.Rejected)
 	require.Equal(t, 1, calls)
-	testsuite.RequireCount(t, pool, 0, `SELECT count(*) FROM credits`)
+	testsuite.RequireCount(t.Context(), t, pool, 0, `SELECT count(*) FROM credits`)
 }
 
 // Many consumers receive the same message at once: one effect.
@@ -128,7 +128,7 @@ func TestInbox_ConcurrentDeliveries(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, int32(1), handled.Load())
 	require.Equal(t, int32(31), dups.Load())
-	testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-race'`)
+	testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-race'`)
 }
 
 // HandleTx joins the caller's transaction; a duplicate leaves it usable.
@@ -146,7 +146,7 @@ func TestInbox_HandleTx(t *testing.T) {
 		require.NoError(t, err, "the transaction is still usable")
 		require.NoError(t, tx.Commit(ctx))
 	}
-	testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-tx'`)
+	testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-tx'`)
 }
 
 func TestInbox_BadInputAndPurge(t *testing.T) {

@@ -147,7 +147,7 @@ func TestOutbox_PublishedTwiceConsumedOnce(t *testing.T) {
 		return b.consume(ctx, e)
 	}), nil))
 	require.Equal(t, int32(2), publishes.Load(), "published twice")
-	testsuite.RequireExactlyOnce(t, b.pool, `SELECT count(*) FROM statements WHERE event_id = $1`, id)
+	testsuite.RequireExactlyOnce(t.Context(), t, b.pool, `SELECT count(*) FROM statements WHERE event_id = $1`, id)
 }
 
 // End to end over HTTP: producer, outbox, dispatcher, HTTP publisher, consumer behind the
@@ -195,8 +195,8 @@ func TestOutbox_EndToEndOverHTTP(t *testing.T) {
 	st, err := b.out.Stats(context.Background())
 	require.NoError(t, err)
 	require.Equal(t, outbox.Stats{Published: 20}, st)
-	testsuite.RequireCount(t, b.pool, 20, `SELECT count(DISTINCT event_id) FROM statements`)
-	testsuite.RequireCount(t, b.pool, 20, `SELECT count(*) FROM statements`)
+	testsuite.RequireCount(t.Context(), t, b.pool, 20, `SELECT count(DISTINCT event_id) FROM statements`)
+	testsuite.RequireCount(t.Context(), t, b.pool, 20, `SELECT count(*) FROM statements`)
 }
 
 // dropFirstAnswer delivers each request but loses the first response for each
@@ -244,7 +244,7 @@ func TestOutbox_ThreeDispatchersLoseNothing(t *testing.T) {
 	cancel()
 	wg.Wait()
 	require.Equal(t, int32(n), publishes.Load(), "SKIP LOCKED: no event went to two dispatchers")
-	testsuite.RequireCount(t, b.pool, n, `SELECT count(DISTINCT event_id) FROM statements`)
+	testsuite.RequireCount(t.Context(), t, b.pool, n, `SELECT count(DISTINCT event_id) FROM statements`)
 }
 
 // An event that keeps failing goes to the dead state; operators see it and retry it.
@@ -276,7 +276,7 @@ func TestOutbox_DeadLetterAndRetry(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	b.drain(t, d)
-	testsuite.RequireExactlyOnce(t, b.pool, `SELECT count(*) FROM statements WHERE event_id = $1`, id)
+	testsuite.RequireExactlyOnce(t.Context(), t, b.pool, `SELECT count(*) FROM statements WHERE event_id = $1`, id)
 }
 
 // With Ordered, a failing event holds back the later events of its key, and each key's
@@ -351,5 +351,5 @@ func TestOutbox_PurgePublished(t *testing.T) {
 	st, err := b.out.Stats(ctx)
 	require.NoError(t, err)
 	require.Equal(t, outbox.Stats{Pending: 1}, st)
-	testsuite.RequireExactlyOnce(t, b.pool, `SELECT count(*) FROM `+b.schema+`.outbox_events WHERE id = $1`, pending)
+	testsuite.RequireExactlyOnce(t.Context(), t, b.pool, `SELECT count(*) FROM `+b.schema+`.outbox_events WHERE id = $1`, pending)
 }

@@ -12,7 +12,7 @@ import (
 	tworker "go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
-	"github.com/oncekit/oncekit/internal/devserver"
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/policy"
 	"github.com/oncekit/oncekit/testsuite"
@@ -29,7 +29,7 @@ func TestRun_ResubmissionOnRealServer(t *testing.T) {
 	ctx := keys.WithTenant(context.Background(), "acme")
 	plugin, err := worker.NewPlugin(worker.Config{Ledger: k.l})
 	require.NoError(t, err)
-	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{},
+	c, err := client.Dial(client.Options{HostPort: srv.TemporalAddress, Namespace: srv.Namespace, Logger: devenv.QuietLogger(),
 		Plugins: []client.Plugin{plugin}})
 	require.NoError(t, err)
 	defer c.Close()
@@ -90,5 +90,5 @@ func TestRun_ResubmissionOnRealServer(t *testing.T) {
 	require.Equal(t, policy.ErrTypeCompensated, app.Type())
 	require.Equal(t, notifies, k.count("notify"), "the second run ran no step")
 	// Two transfers, each withdrawn and deposited once.
-	testsuite.RequireCount(t, k.pool, 4, `SELECT count(*) FROM log WHERE kind = 'do' AND step IN ('withdraw', 'deposit')`)
+	testsuite.RequireCount(t.Context(), t, k.pool, 4, `SELECT count(*) FROM log WHERE kind = 'do' AND step IN ('withdraw', 'deposit')`)
 }

@@ -14,7 +14,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/oncekit/oncekit/internal/devserver"
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/testsuite"
 	"github.com/oncekit/oncekit/worker"
@@ -28,7 +28,7 @@ func TestSaga_ReplaysRecordedHistory(t *testing.T) {
 	t.Parallel()
 	r := tworker.NewWorkflowReplayer()
 	r.RegisterWorkflowWithOptions(sagaWorkflow, workflow.RegisterOptions{Name: "saga"})
-	require.NoError(t, r.ReplayWorkflowHistoryFromJSONFile(devserver.QuietLogger{}, historyFile))
+	require.NoError(t, r.ReplayWorkflowHistoryFromJSONFile(devenv.QuietLogger(), historyFile))
 }
 
 // TestSaga_RecordHistory records the history replayed above on a real server. It runs
@@ -42,7 +42,7 @@ func TestSaga_RecordHistory(t *testing.T) {
 	ctx := keys.WithTenant(context.Background(), "acme")
 	plugin, err := worker.NewPlugin(worker.Config{Ledger: b.l})
 	require.NoError(t, err)
-	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{},
+	c, err := client.Dial(client.Options{HostPort: srv.TemporalAddress, Namespace: srv.Namespace, Logger: devenv.QuietLogger(),
 		Plugins: []client.Plugin{plugin}})
 	require.NoError(t, err)
 	defer c.Close()

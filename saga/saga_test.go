@@ -196,7 +196,7 @@ func TestSaga_CompensationRunsOnce(t *testing.T) {
 	again.ExecuteWorkflow("saga", p)
 	require.Error(t, again.GetWorkflowError())
 	require.Equal(t, []string{"do:reserve", "do:charge", "undo:ship", "undo:charge", "undo:reserve"}, b.logOf(t))
-	testsuite.RequireExactlyOnce(t, b.pool, `SELECT count(*) FROM log WHERE kind = 'undo' AND step = 'charge'`)
+	testsuite.RequireExactlyOnce(t.Context(), t, b.pool, `SELECT count(*) FROM log WHERE kind = 'undo' AND step = 'charge'`)
 }
 
 // Every step and compensation carries its own derived key.
@@ -210,6 +210,6 @@ func TestSaga_Keys(t *testing.T) {
 	require.NoError(t, err)
 	undoKey, err := keys.Derive(reserveKey, saga.CompensatePurpose)
 	require.NoError(t, err)
-	testsuite.RequireExactlyOnce(t, b.pool, `SELECT count(*) FROM log WHERE kind = 'do' AND step = 'reserve' AND key = $1`, string(reserveKey))
-	testsuite.RequireExactlyOnce(t, b.pool, `SELECT count(*) FROM log WHERE kind = 'undo' AND step = 'reserve' AND key = $1`, string(undoKey))
+	testsuite.RequireExactlyOnce(t.Context(), t, b.pool, `SELECT count(*) FROM log WHERE kind = 'do' AND step = 'reserve' AND key = $1`, string(reserveKey))
+	testsuite.RequireExactlyOnce(t.Context(), t, b.pool, `SELECT count(*) FROM log WHERE kind = 'undo' AND step = 'reserve' AND key = $1`, string(undoKey))
 }

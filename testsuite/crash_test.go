@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/client"
 
-	"github.com/oncekit/oncekit/internal/devserver"
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/testsuite"
@@ -29,7 +29,7 @@ func TestCrashBeforeComplete_RealServerKilledWorker(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, effectsSchema)
 	require.NoError(t, err)
-	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{}})
+	c, err := client.Dial(client.Options{HostPort: srv.TemporalAddress, Namespace: srv.Namespace, Logger: devenv.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(c.Close) // the subtests run in parallel, after this function returns
 
@@ -46,7 +46,7 @@ func TestCrashBeforeComplete_RealServerKilledWorker(t *testing.T) {
 		t.Run(tc.activity, func(t *testing.T) {
 			t.Parallel()
 			queue := "crash-" + tc.activity + "-" + schema
-			env := map[string]string{envTemporal: srv.HostPort, envDB: pgtest.URL(t), envSchema: schema, envQueue: queue}
+			env := map[string]string{envTemporal: srv.TemporalAddress, envDB: pgtest.URL(t), envSchema: schema, envQueue: queue}
 			o := order{OrderID: tc.activity, Amount: 4200}
 
 			env[envCrash] = "1"
@@ -65,7 +65,7 @@ func TestCrashBeforeComplete_RealServerKilledWorker(t *testing.T) {
 			wctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
 			require.NoError(t, run.Get(wctx, nil), "the retried attempt completes on the second worker")
-			testsuite.RequireCount(t, pool, tc.want, "SELECT count(*) FROM "+tc.table+" WHERE order_id = $1", tc.activity)
+			testsuite.RequireCount(t.Context(), t, pool, tc.want, "SELECT count(*) FROM "+tc.table+" WHERE order_id = $1", tc.activity)
 		})
 	}
 }

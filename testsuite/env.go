@@ -12,7 +12,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"
-	"github.com/oncekit/oncekit/internal/devserver"
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/worker"
 )
@@ -49,7 +49,7 @@ func NewWorkflowEnvironment(opts *EnvConfig) *ttestsuite.TestWorkflowEnvironment
 		o.Tenant = TenantDefault + "-" + uuid.NewString()[:8]
 	}
 	var s ttestsuite.WorkflowTestSuite
-	s.SetLogger(QuietLogger{})
+	s.SetLogger(devenv.QuietLogger())
 	env := s.NewTestWorkflowEnvironment()
 	var ics []interceptor.WorkerInterceptor
 	if o.Faults != nil {
@@ -76,9 +76,9 @@ func Count(ctx context.Context, q Querier, sql string, args ...any) (int, error)
 }
 
 // RequireCount fails the test unless the counting query returns want.
-func RequireCount(t testing.TB, q Querier, want int, sql string, args ...any) {
+func RequireCount(ctx context.Context, t testing.TB, q Querier, want int, sql string, args ...any) {
 	t.Helper()
-	n, err := Count(context.Background(), q, sql, args...)
+	n, err := Count(ctx, q, sql, args...)
 	if err != nil {
 		t.Fatalf("oncekit/testsuite: count effects: %v", err)
 	}
@@ -89,11 +89,7 @@ func RequireCount(t testing.TB, q Querier, want int, sql string, args ...any) {
 
 // RequireExactlyOnce fails the test unless the counting query returns exactly 1: the
 // effect happened, and happened once.
-func RequireExactlyOnce(t testing.TB, q Querier, sql string, args ...any) {
+func RequireExactlyOnce(ctx context.Context, t testing.TB, q Querier, sql string, args ...any) {
 	t.Helper()
-	RequireCount(t, q, 1, sql, args...)
+	RequireCount(ctx, t, q, 1, sql, args...)
 }
-
-// QuietLogger is a Temporal logger that drops everything, for clients and
-// environments in tests and demos whose logs would drown the output.
-type QuietLogger = devserver.QuietLogger

@@ -28,5 +28,5 @@ func TestStrategies_StandaloneActivity(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	require.NoError(t, h.Get(wctx, nil))
-	testsuite.RequireExactlyOnce(t, pool, "SELECT count(*) FROM reservations WHERE order_id = $1", order)
+	testsuite.RequireExactlyOnce(t.Context(), t, pool, "SELECT count(*) FROM reservations WHERE order_id = $1", order)
 }

@@ -18,7 +18,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"
-	"github.com/oncekit/oncekit/internal/devserver"
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
@@ -85,7 +85,7 @@ func setupServerWorker(t *testing.T) (client.Client, *pgxpool.Pool, string, stri
 	require.NoError(t, err)
 	plugin, err := worker.NewPlugin(worker.Config{Ledger: l})
 	require.NoError(t, err)
-	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{},
+	c, err := client.Dial(client.Options{HostPort: srv.TemporalAddress, Namespace: srv.Namespace, Logger: devenv.QuietLogger(),
 		Plugins: []client.Plugin{plugin}})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
@@ -130,10 +130,10 @@ func TestStrategies_ContinueAsNew(t *testing.T) {
 			require.ErrorAs(t, err, &appErr, tc.strategy)
 			require.Equal(t, tc.failType, appErr.Type())
 		}
-		testsuite.RequireCount(t, pool, tc.effects, "SELECT count(*) FROM reservations WHERE order_id = $1", order)
+		testsuite.RequireCount(t.Context(), t, pool, tc.effects, "SELECT count(*) FROM reservations WHERE order_id = $1", order)
 	}
 	// The tenant set on the client's context reached the activities.
-	testsuite.RequireCount(t, pool, 3, "SELECT count(*) FROM "+pgx.Identifier{schema, "idempotency_records"}.Sanitize()+" WHERE tenant = 'tenant-can'")
+	testsuite.RequireCount(t.Context(), t, pool, 3, "SELECT count(*) FROM "+pgx.Identifier{schema, "idempotency_records"}.Sanitize()+" WHERE tenant = 'tenant-can'")
 }
 
 // A reset replays the workflow under a new run ID: a run-scoped key changes and the
@@ -166,6 +166,6 @@ func TestStrategies_Reset(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, c.GetWorkflow(wctx, run.GetID(), resp.GetRunId()).Get(wctx, nil))
 		cancel()
-		testsuite.RequireCount(t, pool, tc.effects, "SELECT count(*) FROM reservations WHERE order_id = $1", order)
+		testsuite.RequireCount(t.Context(), t, pool, tc.effects, "SELECT count(*) FROM reservations WHERE order_id = $1", order)
 	}
 }

@@ -16,7 +16,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"
-	"github.com/oncekit/oncekit/internal/devserver"
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/testsuite"
 	"github.com/oncekit/oncekit/worker"
@@ -84,7 +84,7 @@ func runCrashWorker(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c, err := client.Dial(client.Options{HostPort: os.Getenv(envTemporal), Logger: devserver.QuietLogger{}, Plugins: []client.Plugin{plugin}})
+	c, err := client.Dial(client.Options{HostPort: os.Getenv(envTemporal), Logger: devenv.QuietLogger(), Plugins: []client.Plugin{plugin}})
 	if err != nil {
 		return err
 	}

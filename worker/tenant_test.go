@@ -14,7 +14,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"
-	"github.com/oncekit/oncekit/internal/devserver"
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/policy"
@@ -35,7 +35,7 @@ func TestWorker_DefaultTenantWithPlainClient(t *testing.T) {
 	require.NoError(t, err)
 	l, err := ledger.New(pool, &ledger.Config{Schema: schema})
 	require.NoError(t, err)
-	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{}})
+	c, err := client.Dial(client.Options{HostPort: srv.TemporalAddress, Namespace: srv.Namespace, Logger: devenv.QuietLogger()})
 	require.NoError(t, err)
 	defer c.Close()
 
@@ -70,7 +70,7 @@ func TestWorker_DefaultTenantWithPlainClient(t *testing.T) {
 		if !tc.require {
 			require.NoError(t, err)
 			require.Equal(t, 42, out)
-			testsuite.RequireExactlyOnce(t, pool, `SELECT count(*) FROM `+schema+`.idempotency_records WHERE tenant = $1`, worker.TenantDefault)
+			testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM `+schema+`.idempotency_records WHERE tenant = $1`, worker.TenantDefault)
 			continue
 		}
 		var app *temporal.ApplicationError

@@ -12,7 +12,7 @@ const mod = "github.com/oncekit/oncekit/"
 // rules lists, for every public package, what it must not depend on: workflow-side
 // packages (saga, keys, policy) import neither pgx nor the ledger; the ledger and the
 // packages built only on it import no Temporal package, so a service without Temporal
-// does not pull it in; no library package imports the test helpers or the samples.
+// does not pull it in; no library package, and no sample, imports the test helpers.
 var rules = map[string][]string{
 	"keys":                  {"github.com/jackc/pgx", mod + "ledger", "go.temporal.io/", mod + "testsuite"},
 	"saga":                  {"github.com/jackc/pgx", mod + "ledger", mod + "testsuite"},
@@ -27,7 +27,8 @@ var rules = map[string][]string{
 	"activity":              {mod + "testsuite", mod + "worker"},
 	"worker":                {mod + "testsuite"},
 	"testsuite":             {mod + "samples"},
-	"samples/payment":       {mod + "samples/transfer"},
+	"devenv":                {mod + "testsuite", mod + "samples", mod + "ledger"},
+	"samples/payment":       {mod + "samples/transfer", mod + "testsuite"},
 	"samples/transfer":      {mod + "samples/payment", mod + "testsuite"},
 }
 

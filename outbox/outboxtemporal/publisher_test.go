@@ -14,6 +14,7 @@ import (
 	tworker "go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/migrate"
@@ -78,7 +79,7 @@ func TestPublisher_DuplicatePublishIsRejectedByTemporal(t *testing.T) {
 	require.NoError(t, err)
 	plugin, err := worker.NewPlugin(worker.Config{Ledger: l, DefaultTenant: "bank"})
 	require.NoError(t, err)
-	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: testsuite.QuietLogger{},
+	c, err := client.Dial(client.Options{HostPort: srv.TemporalAddress, Namespace: srv.Namespace, Logger: devenv.QuietLogger(),
 		Plugins: []client.Plugin{plugin}})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
@@ -116,7 +117,7 @@ func TestPublisher_DuplicatePublishIsRejectedByTemporal(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	require.NoError(t, run.Get(wctx, nil))
-	testsuite.RequireExactlyOnce(t, b.pool, `SELECT count(*) FROM statements WHERE event_id = $1`, id)
+	testsuite.RequireExactlyOnce(t.Context(), t, b.pool, `SELECT count(*) FROM statements WHERE event_id = $1`, id)
 	st, err := b.out.Stats(ctx)
 	require.NoError(t, err)
 	require.Equal(t, outbox.Stats{Published: 1}, st)

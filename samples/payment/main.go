@@ -20,10 +20,10 @@ import (
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/migrate"
-	"github.com/oncekit/oncekit/testsuite"
 	"github.com/oncekit/oncekit/worker"
 )
 
@@ -77,23 +77,18 @@ func run(cfg config) (demoReport, error) {
 	defer stop()
 	start := time.Now()
 
-	pg, err := testsuite.StartPostgres(ctx)
+	tmp, err := devenv.Start(ctx, &devenv.Config{UIPort: cfg.uiPort, Progress: os.Stderr})
 	if err != nil {
 		return demoReport{}, err
 	}
-	defer func() { _ = pg.Close() }()
-	tmp, err := testsuite.StartTemporal(ctx, &testsuite.TemporalConfig{UIPort: cfg.uiPort, Progress: os.Stderr})
-	if err != nil {
-		return demoReport{}, err
-	}
-	defer func() { _ = tmp.Stop() }()
-	fmt.Printf("PostgreSQL ready; Temporal at %s", tmp.HostPort)
+	defer func() { _ = tmp.Close() }()
+	fmt.Printf("PostgreSQL ready; Temporal at %s", tmp.TemporalAddress)
 	if tmp.UIAddress != "" {
 		fmt.Printf(", web UI at %s", tmp.UIAddress)
 	}
 	fmt.Println()
 
-	pool, err := setupDatabase(ctx, pg.URL)
+	pool, err := setupDatabase(ctx, tmp.DatabaseURL)
 	if err != nil {
 		return demoReport{}, err
 	}
@@ -105,12 +100,12 @@ func run(cfg config) (demoReport, error) {
 	defer stopProvider()
 
 	queue := "checkout-" + uuid.NewString()[:8]
-	sup := &supervisor{env: []string{envRole + "=worker", envDB + "=" + pg.URL, envTemporal + "=" + tmp.HostPort,
+	sup := &supervisor{env: []string{envRole + "=worker", envDB + "=" + tmp.DatabaseURL, envTemporal + "=" + tmp.TemporalAddress,
 		envNamespace + "=" + tmp.Namespace, envProvider + "=" + providerURL, envQueue + "=" + queue}}
 	sup.start()
 	defer sup.stop()
 
-	c, err := client.Dial(client.Options{HostPort: tmp.HostPort, Namespace: tmp.Namespace, Logger: testsuite.QuietLogger{},
+	c, err := client.Dial(client.Options{HostPort: tmp.TemporalAddress, Namespace: tmp.Namespace, Logger: devenv.QuietLogger(),
 		ContextPropagators: []workflow.ContextPropagator{worker.TenantPropagator()}})
 	if err != nil {
 		return demoReport{}, err

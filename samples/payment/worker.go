@@ -12,8 +12,8 @@ import (
 	tworker "go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/ledger"
-	"github.com/oncekit/oncekit/testsuite"
 	"github.com/oncekit/oncekit/worker"
 )
 
@@ -48,7 +48,7 @@ func runWorker(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c, err := client.Dial(client.Options{HostPort: os.Getenv(envTemporal), Namespace: os.Getenv(envNamespace), Logger: testsuite.QuietLogger{},
+	c, err := client.Dial(client.Options{HostPort: os.Getenv(envTemporal), Namespace: os.Getenv(envNamespace), Logger: devenv.QuietLogger(),
 		Plugins: []client.Plugin{plugin}})
 	if err != nil {
 		return err

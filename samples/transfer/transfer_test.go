@@ -12,7 +12,7 @@ import (
 	"go.temporal.io/sdk/client"
 	tworker "go.temporal.io/sdk/worker"
 
-	"github.com/oncekit/oncekit/internal/devserver"
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/samples/transfer"
@@ -147,7 +147,7 @@ func runWorker(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c, err := client.Dial(client.Options{HostPort: os.Getenv(envTemporal), Logger: devserver.QuietLogger{}, Plugins: []client.Plugin{plugin}})
+	c, err := client.Dial(client.Options{HostPort: os.Getenv(envTemporal), Logger: devenv.QuietLogger(), Plugins: []client.Plugin{plugin}})
 	if err != nil {
 		return err
 	}
@@ -175,7 +175,7 @@ func TestTransfer_RealServerKilledWorker(t *testing.T) {
 	t.Parallel()
 	srv := testsuite.StartDevServer(t)
 	_, schema, _, bank := setup(t)
-	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{}})
+	c, err := client.Dial(client.Options{HostPort: srv.TemporalAddress, Namespace: srv.Namespace, Logger: devenv.QuietLogger()})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	for _, wf := range []string{transfer.Workflow, transfer.PlainWorkflow} {
@@ -188,7 +188,7 @@ func TestTransfer_RealServerKilledWorker(t *testing.T) {
 				if wf == transfer.PlainWorkflow {
 					withdraw = transfer.PlainPrefix + withdraw
 				}
-				env := map[string]string{envTemporal: srv.HostPort, envDB: pgtest.URL(t), envSchema: schema, envQueue: ref, envCrash: withdraw}
+				env := map[string]string{envTemporal: srv.TemporalAddress, envDB: pgtest.URL(t), envSchema: schema, envQueue: ref, envCrash: withdraw}
 				doomed := testsuite.StartWorkerProcess(t, "transfer", env)
 				doomed.WaitFor(t, "ready", time.Minute)
 				ctx := context.Background()

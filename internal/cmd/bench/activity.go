@@ -16,7 +16,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"
-	"github.com/oncekit/oncekit/internal/devserver"
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/worker"
 )
@@ -49,11 +49,11 @@ func twentyActivities(ctx workflow.Context, name string) error {
 
 func (b activityBench) run(ctx context.Context, out io.Writer) error {
 	emit := func(name string, v float64) { fmt.Fprintf(out, "metric %s %.4g\n", name, v) }
-	srv, err := devserver.Start(ctx, &devserver.Options{Progress: io.Discard})
+	srv, err := devenv.Start(ctx, &devenv.Config{NoPostgres: true})
 	if err != nil {
 		return err
 	}
-	defer srv.Stop()
+	defer func() { _ = srv.Close() }()
 
 	pool, err := freshSchema(ctx, b.url, activitySchema, `CREATE TABLE steps (id bigserial PRIMARY KEY, workflow text NOT NULL, step int NOT NULL)`)
 	if err != nil {
@@ -68,7 +68,7 @@ func (b activityBench) run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	c, err := client.Dial(client.Options{HostPort: srv.HostPort, Namespace: srv.Namespace, Logger: devserver.QuietLogger{},
+	c, err := client.Dial(client.Options{HostPort: srv.TemporalAddress, Namespace: srv.Namespace, Logger: devenv.QuietLogger(),
 		Plugins: []client.Plugin{plugin}})
 	if err != nil {
 		return err
