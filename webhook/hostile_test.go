@@ -100,17 +100,10 @@ func peakHeap(f func()) uint64 {
 // few at a time, each into one buffer of its declared size.
 func TestReceiver_HostileBodies(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(context.Background(), pool, schema)
-	require.NoError(t, err)
-	l, err := ledger.New(pool, &ledger.Config{Schema: schema})
-	require.NoError(t, err)
-	h, err := webhook.New(&webhook.Config{Ledger: l, Verifier: webhook.GitHub(secret), Source: "github",
-		Handle: func(context.Context, pgx.Tx, webhook.Delivery) error {
-			t.Error("a delivery with a bad signature reached the handler")
-			return nil
-		}})
-	require.NoError(t, err)
+	h := githubReceiver(t, webhook.Config{Handle: func(context.Context, pgx.Tx, webhook.Delivery) error {
+		t.Error("a delivery with a bad signature reached the handler")
+		return nil
+	}})
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 
@@ -171,15 +164,8 @@ func TestReceiver_HostileBodies(t *testing.T) {
 // answered 503 at once instead of waiting for one.
 func TestReceiver_NoWaitForReadSlot(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(context.Background(), pool, schema)
-	require.NoError(t, err)
-	l, err := ledger.New(pool, &ledger.Config{Schema: schema})
-	require.NoError(t, err)
-	h, err := webhook.New(&webhook.Config{Ledger: l, Verifier: webhook.GitHub(secret), Source: "github",
-		MaxConcurrentReads: 1, ReadSlotWait: ledger.NoWait,
+	h := githubReceiver(t, webhook.Config{MaxConcurrentReads: 1, ReadSlotWait: ledger.NoWait,
 		Handle: func(context.Context, pgx.Tx, webhook.Delivery) error { return nil }})
-	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 
@@ -215,4 +201,18 @@ func TestReceiver_NoWaitForReadSlot(t *testing.T) {
 	require.NotEmpty(t, resp.Header.Get("Retry-After"))
 	require.NoError(t, pw.Close())
 	require.Equal(t, http.StatusUnauthorized, <-slow, "the slow delivery was read, then refused for its signature")
+}
+
+// githubReceiver is a GitHub receiver on a fresh schema, with cfg's other settings.
+func githubReceiver(t *testing.T, cfg webhook.Config) http.Handler {
+	t.Helper()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := migrate.Up(context.Background(), pool, schema)
+	require.NoError(t, err)
+	cfg.Ledger, err = ledger.New(pool, &ledger.Config{Schema: schema})
+	require.NoError(t, err)
+	cfg.Verifier, cfg.Source = webhook.GitHub(secret), "github"
+	h, err := webhook.New(&cfg)
+	require.NoError(t, err)
+	return h
 }
