@@ -1,6 +1,14 @@
 // Package devserver provides a real Temporal server for tests and the demo: the one at
 // TEMPORAL_ADDRESS when it is set, otherwise a dev server started from the Temporal CLI,
 // which is built from source once and cached.
+//
+// It launches the CLI itself rather than through the SDK's testsuite.StartDevServer
+// (ExistingPath), because a test binary's shared dev server has no test that owns it
+// and stops it: it must die with the process. The SDK's launcher sets no parent-death
+// signal, and a test that started a server through it and exited without Stop left
+// "go test" waiting 60 s ("WaitDelay expired before I/O complete", the orphan holding
+// its output) and the server running after it. Here the server gets SIGKILL when its
+// parent dies.
 package devserver
 
 import (
