@@ -142,6 +142,20 @@ func resolve(ctx context.Context, o Opts) (*guard, error) {
 	return g, nil
 }
 
+// MetricCalls is the counter package activity adds to through Temporal's metrics handler
+// (activity.GetMetricsHandler), so the SDK's own Prometheus or OpenTelemetry setup shows
+// it beside the workflow type and task queue: one per guarded call, tagged with
+// oncekit_operation and oncekit_outcome (the ledger's Outcome values: first, replay,
+// key_reused, in_progress, failed, redrive, ...).
+const MetricCalls = "oncekit_activity_calls"
+
+// report counts a guarded call through Temporal's metrics handler.
+func (g *guard) report(ctx context.Context, outcome string) {
+	tactivity.GetMetricsHandler(ctx).WithTags(map[string]string{
+		"oncekit_operation": g.in.Scope.Operation, "oncekit_outcome": outcome,
+	}).Counter(MetricCalls).Inc(1)
+}
+
 // waitSlice is the longest single wait between two heartbeats of a waiting attempt (half
 // the heartbeat timeout when that is shorter).
 const waitSlice = 5 * time.Second

@@ -47,6 +47,7 @@ func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *O
 		}, &ledger.DoOpts{Wait: wait, FirstAttempt: g.firstAttempt()})
 		return err
 	})
+	g.report(ctx, ledger.OutcomeOf(res, err))
 	if err != nil {
 		return zero, toTemporal(err)
 	}

@@ -76,6 +76,11 @@ func External[Req, Resp any](ctx context.Context, req Req, call CallFunc[Req, Re
 		claim, err = g.l.Claim(ctx, g.in, &ledger.ClaimOpts{Wait: wait, Lease: g.lease()})
 		return err
 	})
+	outcome := ledger.OutcomeOf(claim.Result, err)
+	if claim.Lease != nil && claim.Lease.Redrive {
+		outcome = ledger.OutcomeRedrive
+	}
+	g.report(ctx, outcome)
 	if err != nil {
 		return zero, toTemporal(err)
 	}

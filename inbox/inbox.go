@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/keys"
@@ -27,6 +29,11 @@ type Config struct {
 	// Retention is how long a handled message is remembered; a negative one is refused.
 	// Defaults to [RetentionDefault].
 	Retention time.Duration
+	// MeterProvider receives the inbox's metrics: messages by outcome (handled,
+	// duplicate, rejected) and purge deletions. Defaults to none.
+	MeterProvider metric.MeterProvider
+	// Logger receives a line per purge. Defaults to discarding it.
+	Logger *slog.Logger
 }
 
 // Inbox tracks processed messages.
@@ -34,6 +41,7 @@ type Inbox struct {
 	pool *pgxpool.Pool
 	cfg  Config
 	q    queries
+	tel  *telemetry
 }
 
 // New returns an inbox on pool.
@@ -54,7 +62,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
 	if c.Retention < 0 {
 		return nil, fmt.Errorf("oncekit/inbox: Config.Retention %s is negative: it would make every record born expired and every duplicate handled again; use 0 for the default (%s)", c.Retention, RetentionDefault)
 	}
-	return &Inbox{pool: pool, cfg: c, q: newQueries(c.Schema)}, nil
+	tel, err := newTelemetry(&c)
+	if err != nil {
+		return nil, fmt.Errorf("oncekit/inbox: create the instruments: %w", err)
+	}
+	return &Inbox{pool: pool, cfg: c, q: newQueries(c.Schema), tel: tel}, nil
 }
 
 // Result is the outcome of [Inbox.Handle].
@@ -73,7 +85,8 @@ type HandlerFunc func(ctx context.Context, tx pgx.Tx) error
 // error, ack the message; on an error, do not (the broker redelivers it). A redelivery
 // that arrives while the same message is being handled waits for that transaction to
 // end, then is a duplicate (or, if it rolled back, handled).
-func (ib *Inbox) Handle(ctx context.Context, subscriber, messageID string, fn HandlerFunc) (Result, error) {
+func (ib *Inbox) Handle(ctx context.Context, subscriber, messageID string, fn HandlerFunc) (res Result, err error) {
+	defer func() { ib.tel.message(ctx, subscriber, res, err) }()
 	if err := validate(subscriber, messageID, fn); err != nil {
 		return Result{}, err
 	}
@@ -132,7 +145,8 @@ func recordResult(br pgx.BatchResults) (bool, error) {
 // HandleTx is [Inbox.Handle] inside the caller's transaction: the record and fn's writes
 // commit with it. A duplicate, or any failure, leaves tx as it was before the call, and
 // usable.
-func (ib *Inbox) HandleTx(ctx context.Context, tx pgx.Tx, subscriber, messageID string, fn HandlerFunc) (Result, error) {
+func (ib *Inbox) HandleTx(ctx context.Context, tx pgx.Tx, subscriber, messageID string, fn HandlerFunc) (res Result, err error) {
+	defer func() { ib.tel.message(ctx, subscriber, res, err) }()
 	if err := validate(subscriber, messageID, fn); err != nil {
 		return Result{}, err
 	}
@@ -280,6 +294,7 @@ func (ib *Inbox) Purge(ctx context.Context, opts *PurgeOpts) (int64, error) {
 		n = opts.BatchSize
 	}
 	deleted, _, err := pgsql.Purge(ctx, ib.pool, ib.q.purge, n, 0)
+	ib.tel.purge(ctx, deleted)
 	return deleted, err
 }
 

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
+	"github.com/oncekit/oncekit/keys"
 )
 
 // ClaimOpts are per-call options of [Ledger.Claim]. A nil *ClaimOpts means all defaults.
@@ -69,13 +71,40 @@ type ClaimResult struct {
 // with a live lease is waited for up to ClaimOpts.Wait, then reported as an
 // [*InProgressError]. A stored failure is returned as a [*DefinitiveError].
 func (l *Ledger) Claim(ctx context.Context, in Intent, opts *ClaimOpts) (ClaimResult, error) {
-	return l.claim(ctx, l.pool, in, opts)
+	return l.instrumentedClaim(ctx, l.pool, in, opts)
 }
 
 // ClaimTx is [Ledger.Claim] inside the caller's transaction; the claim takes effect
 // when the caller commits, so commit before making the external call.
 func (l *Ledger) ClaimTx(ctx context.Context, tx pgx.Tx, in Intent, opts *ClaimOpts) (ClaimResult, error) {
-	return l.claim(ctx, tx, in, opts)
+	return l.instrumentedClaim(ctx, tx, in, opts)
+}
+
+func (l *Ledger) instrumentedClaim(ctx context.Context, q querier, in Intent, opts *ClaimOpts) (res ClaimResult, err error) {
+	ctx, c := l.tel.begin(ctx, "Claim", in.Scope)
+	defer func() {
+		outcome := doOutcome(res.Result, err)
+		if res.Lease != nil && res.Lease.Redrive {
+			outcome = OutcomeRedrive
+			l.tel.log.LogAttrs(ctx, slog.LevelWarn, "oncekit: an external claim whose lease ran out was taken over; the call is made again with the same downstream key",
+				slog.String(AttrTenant, in.Scope.Tenant), slog.String(AttrOperation, in.Scope.Operation),
+				slog.Int("oncekit.attempt", res.Lease.Attempt), slog.Bool("oncekit.uncertain", res.Lease.Uncertain))
+		}
+		c.end(outcome, err)
+	}()
+	return l.claim(ctx, q, in, opts)
+}
+
+// finish instruments Complete, Fail, Release, MarkUncertain and Extend.
+func (l *Ledger) finish(ctx context.Context, name string, lease *Lease, ok string, f func(ctx context.Context) error) error {
+	var scope keys.Scope
+	if lease != nil {
+		scope = lease.Scope
+	}
+	ctx, c := l.tel.begin(ctx, name, scope)
+	err := f(ctx)
+	c.end(finishOutcome(ok, err), err)
+	return err
 }
 
 func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpts) (ClaimResult, error) {
@@ -149,14 +178,22 @@ func (l *Ledger) resume(ctx context.Context, q querier, in Intent, token uuid.UU
 
 // Complete stores the external call's response and ends the lease. It returns a
 // [*LeaseLostError] when the lease's token no longer owns the record.
-func (l *Ledger) Complete(ctx context.Context, lease *Lease, resp Response) (Result, error) {
-	return l.complete(ctx, l.pool, lease, resp)
+func (l *Ledger) Complete(ctx context.Context, lease *Lease, resp Response) (res Result, err error) {
+	err = l.finish(ctx, "Complete", lease, OutcomeCompleted, func(ctx context.Context) error {
+		res, err = l.complete(ctx, l.pool, lease, resp)
+		return err
+	})
+	return res, err
 }
 
 // CompleteTx is [Ledger.Complete] inside the caller's transaction, so the caller can
 // record the call's outcome in its own tables atomically with the ledger.
-func (l *Ledger) CompleteTx(ctx context.Context, tx pgx.Tx, lease *Lease, resp Response) (Result, error) {
-	return l.complete(ctx, tx, lease, resp)
+func (l *Ledger) CompleteTx(ctx context.Context, tx pgx.Tx, lease *Lease, resp Response) (res Result, err error) {
+	err = l.finish(ctx, "Complete", lease, OutcomeCompleted, func(ctx context.Context) error {
+		res, err = l.complete(ctx, tx, lease, resp)
+		return err
+	})
+	return res, err
 }
 
 func (l *Ledger) complete(ctx context.Context, q querier, lease *Lease, resp Response) (Result, error) {
@@ -178,12 +215,12 @@ func (l *Ledger) complete(ctx context.Context, q querier, lease *Lease, resp Res
 // Fail stores a definitive failure for the key and ends the lease: every retry of the
 // intent receives the same [*DefinitiveError].
 func (l *Ledger) Fail(ctx context.Context, lease *Lease, derr *DefinitiveError) error {
-	return l.fail(ctx, l.pool, lease, derr)
+	return l.finish(ctx, "Fail", lease, OutcomeFailed, func(ctx context.Context) error { return l.fail(ctx, l.pool, lease, derr) })
 }
 
 // FailTx is [Ledger.Fail] inside the caller's transaction.
 func (l *Ledger) FailTx(ctx context.Context, tx pgx.Tx, lease *Lease, derr *DefinitiveError) error {
-	return l.fail(ctx, tx, lease, derr)
+	return l.finish(ctx, "Fail", lease, OutcomeFailed, func(ctx context.Context) error { return l.fail(ctx, tx, lease, derr) })
 }
 
 func (l *Ledger) fail(ctx context.Context, q querier, lease *Lease, derr *DefinitiveError) error {
@@ -206,12 +243,12 @@ func (l *Ledger) fail(ctx context.Context, q querier, lease *Lease, derr *Defini
 // start afresh (with any payload). Use [Ledger.MarkUncertain] instead when the call may
 // have happened.
 func (l *Ledger) Release(ctx context.Context, lease *Lease) error {
-	return l.release(ctx, l.pool, lease)
+	return l.finish(ctx, "Release", lease, OutcomeReleased, func(ctx context.Context) error { return l.release(ctx, l.pool, lease) })
 }
 
 // ReleaseTx is [Ledger.Release] inside the caller's transaction.
 func (l *Ledger) ReleaseTx(ctx context.Context, tx pgx.Tx, lease *Lease) error {
-	return l.release(ctx, tx, lease)
+	return l.finish(ctx, "Release", lease, OutcomeReleased, func(ctx context.Context) error { return l.release(ctx, tx, lease) })
 }
 
 func (l *Ledger) release(ctx context.Context, q querier, lease *Lease) error {
@@ -233,12 +270,12 @@ func (l *Ledger) release(ctx context.Context, q querier, lease *Lease) error {
 // Redrive and Uncertain set and must repeat the call with the same downstream key.
 // The record keeps its fingerprint, so a retry with another payload is refused.
 func (l *Ledger) MarkUncertain(ctx context.Context, lease *Lease) error {
-	return l.markUncertain(ctx, l.pool, lease)
+	return l.finish(ctx, "MarkUncertain", lease, OutcomeUncertain, func(ctx context.Context) error { return l.markUncertain(ctx, l.pool, lease) })
 }
 
 // MarkUncertainTx is [Ledger.MarkUncertain] inside the caller's transaction.
 func (l *Ledger) MarkUncertainTx(ctx context.Context, tx pgx.Tx, lease *Lease) error {
-	return l.markUncertain(ctx, tx, lease)
+	return l.finish(ctx, "MarkUncertain", lease, OutcomeUncertain, func(ctx context.Context) error { return l.markUncertain(ctx, tx, lease) })
 }
 
 func (l *Ledger) markUncertain(ctx context.Context, q querier, lease *Lease) error {

@@ -79,7 +79,9 @@ type DoOpts struct {
 // Result.Replayed set and runs nothing; when the key is completed that takes one round
 // trip and neither locks nor writes. The same key with a different fingerprint returns a
 // [*FingerprintMismatchError] and runs nothing.
-func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (Result, error) {
+func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (res Result, err error) {
+	ctx, c := l.tel.begin(ctx, "Do", in.Scope)
+	defer func() { c.end(doOutcome(res, err), err) }()
 	o := doOpts(opts)
 	if err := l.precheck(ctx, in, fn, o); err != nil {
 		return Result{}, err
@@ -103,7 +105,9 @@ func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (Resu
 // SERIALIZABLE, tx's snapshot cannot see an intent completed after the snapshot was
 // taken: DoTx then returns a [*SnapshotConflictError] (SQLSTATE 40001), and a retry of
 // the whole transaction replays the result.
-func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, in Intent, fn Func, opts *DoOpts) (Result, error) {
+func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, in Intent, fn Func, opts *DoOpts) (res Result, err error) {
+	ctx, c := l.tel.begin(ctx, "DoTx", in.Scope)
+	defer func() { c.end(doOutcome(res, err), err) }()
 	o := doOpts(opts)
 	if err := l.precheck(ctx, in, fn, o); err != nil {
 		return Result{}, err
@@ -333,6 +337,12 @@ const (
 
 func (l *Ledger) settleQ(ctx context.Context, q querier, in Intent, wait time.Duration, start time.Time) (Result, freedom, error) {
 	backoff := pollFirst
+	slept := false
+	defer func() {
+		if slept {
+			l.tel.waited(in.Scope.Operation, time.Since(start))
+		}
+	}()
 	for {
 		rec, err := l.lookup(ctx, q, in.Scope, in.Key)
 		if err != nil {
@@ -362,6 +372,7 @@ func (l *Ledger) settleQ(ctx context.Context, q querier, in Intent, wait time.Du
 		if left <= 0 {
 			return Result{}, notFree, &InProgressError{Scope: in.Scope, Key: in.Key, LeaseUntil: rec.LeaseUntil, Waited: time.Since(start)}
 		}
+		slept = true
 		t := time.NewTimer(min(backoff, left))
 		select {
 		case <-ctx.Done():

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncekit/oncekit/keys"
 )
@@ -73,6 +76,15 @@ type Config struct {
 	// MaxKeyLen is the longest key accepted, in bytes, at most [MaxKeyLenLimit].
 	// Defaults to [keys.MaxLenDefault].
 	MaxKeyLen int
+	// MeterProvider receives the ledger's metrics (see "Telemetry" in the package
+	// documentation). Defaults to none: no metric is recorded.
+	MeterProvider metric.MeterProvider
+	// TracerProvider receives a span per ledger call, a child of the caller's span.
+	// Defaults to none.
+	TracerProvider trace.TracerProvider
+	// Logger receives a line per take-over of an external claim whose lease ran out and
+	// per purge. Defaults to discarding them.
+	Logger *slog.Logger
 	// Test holds knobs for tests only; production code leaves it zero.
 	Test TestConfig
 }
@@ -83,6 +95,7 @@ type Ledger struct {
 	pool *pgxpool.Pool
 	cfg  Config
 	q    queries
+	tel  *telemetry
 }
 
 // New returns a ledger on pool. The schema must have been migrated with [Migrate].
@@ -120,7 +133,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Ledger, error) {
 			return nil, fmt.Errorf("oncekit/ledger: OperationRetention[%q] must be positive", op)
 		}
 	}
-	return &Ledger{pool: pool, cfg: c, q: newQueries(c.Schema)}, nil
+	tel, err := newTelemetry(&c)
+	if err != nil {
+		return nil, fmt.Errorf("oncekit/ledger: create the instruments: %w", err)
+	}
+	return &Ledger{pool: pool, cfg: c, q: newQueries(c.Schema), tel: tel}, nil
 }
 
 // Pool returns the pool the ledger runs on.

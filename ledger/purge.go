@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5"
 
@@ -56,8 +57,13 @@ func (l *Ledger) purge(ctx context.Context, q querier, opts *PurgeOpts) (PurgeRe
 	var res PurgeResult
 	var err error
 	res.Deleted, res.Batches, err = pgsql.Purge(ctx, q, l.q.purge, o.BatchSize, o.MaxBatches, l.now())
+	if l.tel.metrics {
+		l.tel.purged.Add(ctx, res.Deleted)
+	}
 	if err != nil {
 		return res, fmt.Errorf("oncekit/ledger: purge: %w", err)
 	}
+	l.tel.log.LogAttrs(ctx, slog.LevelInfo, "oncekit: purged expired ledger records",
+		slog.Int64("oncekit.deleted", res.Deleted), slog.Int("oncekit.batches", res.Batches))
 	return res, nil
 }

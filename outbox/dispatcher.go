@@ -344,7 +344,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 			}
 			renewAt = time.Now().Add(d.cfg.Lease / 2)
 		}
-		perr := d.publish(ctx, e.Event)
+		perr := d.o.tel.publication(ctx, e.Event, func(ctx context.Context) error { return d.publish(ctx, e.Event) })
 		if perr == nil {
 			done = append(done, e.ID)
 			continue
@@ -356,6 +356,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		d.report(fmt.Errorf("oncekit/outbox: publish %s (%s): %w", e.ID, e.Topic, perr))
 		attempts := e.Attempts + 1
 		if attempts >= d.cfg.MaxAttempts || errors.Is(perr, ErrPermanent) {
+			d.o.tel.died(ctx, e.Event, attempts, perr)
 			outcome.Queue(d.q.dead, e.ID, attempts, perr.Error())
 		} else {
 			outcome.Queue(d.q.retry, e.ID, attempts, perr.Error(), pgsql.Interval(d.backoff(attempts)))

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -14,6 +15,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/ledger"
@@ -39,9 +42,17 @@ type Event struct {
 
 // Config configures an [Outbox]. A nil *Config means all defaults.
 type Config struct {
-	// Schema holds the outbox table, as given to ledger.Migrate. Defaults to
+	// Schema holds the outbox table, as given to migrate.Up. Defaults to
 	// ledger.SchemaDefault.
 	Schema string
+	// MeterProvider receives the outbox's metrics: publications, failures, dead events,
+	// publication durations, and the backlog (read from the table at each collection).
+	// Defaults to none.
+	MeterProvider metric.MeterProvider
+	// TracerProvider receives a span per publication. Defaults to none.
+	TracerProvider trace.TracerProvider
+	// Logger receives a line per dead event. Defaults to discarding it.
+	Logger *slog.Logger
 }
 
 // Outbox enqueues and inspects events.
@@ -50,6 +61,7 @@ type Outbox struct {
 	schema  string
 	t       string
 	channel string
+	tel     *telemetry
 }
 
 // New returns the outbox on pool.
@@ -57,11 +69,20 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 	if pool == nil {
 		return nil, errors.New("oncekit/outbox: New needs a pool")
 	}
-	schema := ledger.SchemaDefault
-	if cfg != nil && cfg.Schema != "" {
-		schema = cfg.Schema
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
 	}
-	return &Outbox{pool: pool, schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(), channel: channelName(schema)}, nil
+	schema := ledger.SchemaDefault
+	if c.Schema != "" {
+		schema = c.Schema
+	}
+	o := &Outbox{pool: pool, schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(), channel: channelName(schema)}
+	var err error
+	if o.tel, err = newTelemetry(&c, o); err != nil {
+		return nil, fmt.Errorf("oncekit/outbox: create the instruments: %w", err)
+	}
+	return o, nil
 }
 
 // channelName is the outbox's notification channel: "oncekit_outbox." and the schema,

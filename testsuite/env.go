@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/interceptor"
 	ttestsuite "go.temporal.io/sdk/testsuite"
 	tworker "go.temporal.io/sdk/worker"
@@ -33,6 +34,9 @@ type EnvConfig struct {
 	Tenant string
 	// Faults is the fault plan to carry out. Defaults to none.
 	Faults *FaultPlan
+	// MetricsHandler receives the metrics Temporal and package activity report through
+	// the SDK's handler. Defaults to none.
+	MetricsHandler client.MetricsHandler
 }
 
 // NewWorkflowEnvironment returns Temporal's in-memory test workflow environment with
@@ -50,6 +54,9 @@ func NewWorkflowEnvironment(opts *EnvConfig) *ttestsuite.TestWorkflowEnvironment
 	}
 	var s ttestsuite.WorkflowTestSuite
 	s.SetLogger(devenv.QuietLogger())
+	if o.MetricsHandler != nil {
+		s.SetMetricsHandler(o.MetricsHandler)
+	}
 	env := s.NewTestWorkflowEnvironment()
 	var ics []interceptor.WorkerInterceptor
 	if o.Faults != nil {

@@ -1,0 +1,71 @@
+package inbox
+
+import (
+	"context"
+	"log/slog"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// InstrumentationName names the meter of the inbox.
+const InstrumentationName = "github.com/oncekit/oncekit/inbox"
+
+// Attributes of the inbox's metrics: the subscriber, and the outcome of a message
+// (handled, duplicate, rejected, error).
+const (
+	AttrSubscriber = "oncekit.subscriber"
+	AttrOutcome    = "oncekit.outcome"
+)
+
+type telemetry struct {
+	metrics  bool
+	messages metric.Int64Counter
+	purged   metric.Int64Counter
+	log      *slog.Logger
+}
+
+func newTelemetry(c *Config) (*telemetry, error) {
+	t := &telemetry{log: c.Logger}
+	if t.log == nil {
+		t.log = slog.New(slog.DiscardHandler)
+	}
+	if c.MeterProvider == nil {
+		return t, nil
+	}
+	m := c.MeterProvider.Meter(InstrumentationName)
+	var err error
+	if t.messages, err = m.Int64Counter("oncekit.inbox.messages", metric.WithUnit("{message}"),
+		metric.WithDescription("Messages, by subscriber and outcome (handled, duplicate, rejected, error).")); err != nil {
+		return nil, err
+	}
+	if t.purged, err = m.Int64Counter("oncekit.inbox.purge.deleted", metric.WithUnit("{message}"),
+		metric.WithDescription("Expired inbox records deleted by purges.")); err != nil {
+		return nil, err
+	}
+	t.metrics = true
+	return t, nil
+}
+
+func (t *telemetry) message(ctx context.Context, subscriber string, res Result, err error) {
+	if !t.metrics {
+		return
+	}
+	outcome := "handled"
+	switch {
+	case err != nil:
+		outcome = "error"
+	case res.Duplicate:
+		outcome = "duplicate"
+	case res.Rejected:
+		outcome = "rejected"
+	}
+	t.messages.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrSubscriber, subscriber), attribute.String(AttrOutcome, outcome)))
+}
+
+func (t *telemetry) purge(ctx context.Context, deleted int64) {
+	if t.metrics {
+		t.purged.Add(ctx, deleted)
+	}
+	t.log.LogAttrs(ctx, slog.LevelInfo, "oncekit: purged expired inbox records", slog.Int64("oncekit.deleted", deleted))
+}

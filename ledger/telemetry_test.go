@@ -1,0 +1,121 @@
+package ledger_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/oncekit/oncekit/ledger"
+)
+
+// telemetryProbe collects what a ledger reports, in memory.
+type telemetryProbe struct {
+	reader *sdkmetric.ManualReader
+	spans  *tracetest.InMemoryExporter
+	logs   *bytes.Buffer
+}
+
+func withTelemetry(cfg *ledger.Config) *telemetryProbe {
+	p := &telemetryProbe{reader: sdkmetric.NewManualReader(), spans: tracetest.NewInMemoryExporter(), logs: &bytes.Buffer{}}
+	cfg.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.reader))
+	cfg.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSyncer(p.spans))
+	cfg.Logger = slog.New(slog.NewTextHandler(p.logs, nil))
+	return p
+}
+
+// calls sums oncekit.ledger.calls by "call/outcome".
+func (p *telemetryProbe) calls(t *testing.T) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, p.reader.Collect(context.Background(), &rm))
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "oncekit.ledger.calls" {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				call, _ := dp.Attributes.Value(attribute.Key(ledger.AttrCall))
+				outcome, _ := dp.Attributes.Value(attribute.Key(ledger.AttrOutcome))
+				op, _ := dp.Attributes.Value(attribute.Key(ledger.AttrOperation))
+				require.Equal(t, "orders.create", op.AsString())
+				out[call.AsString()+"/"+outcome.AsString()] += dp.Value
+			}
+		}
+	}
+	return out
+}
+
+// The ledger's metrics and spans say what each call did: a first execution, a replay, a
+// key reused with another payload, a re-drive after a lease ran out (logged too).
+func TestTelemetry_MetricsSpansAndLogs(t *testing.T) {
+	t.Parallel()
+	cfg := &ledger.Config{}
+	probe := withTelemetry(cfg)
+	l, b := setup(t, cfg)
+	ctx := context.Background()
+	req := order{Item: "lamp", Amount: 100}
+	in := intent(t, "acme", "order-1", req)
+	in.Scope.Operation = "orders.create"
+
+	_, err := l.Do(ctx, in, createOrder("acme", req), nil)
+	require.NoError(t, err)
+	res, err := l.Do(ctx, in, createOrder("acme", req), nil)
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	other := intent(t, "acme", "order-1", order{Item: "lamp", Amount: 999})
+	other.Scope.Operation = "orders.create"
+	_, err = l.Do(ctx, other, createOrder("acme", req), nil)
+	require.ErrorIs(t, err, ledger.ErrFingerprintMismatch)
+
+	ext := intent(t, "acme", "charge-1", req)
+	ext.Scope.Operation = "orders.create"
+	first, err := l.Claim(ctx, ext, &ledger.ClaimOpts{Lease: time.Minute})
+	require.NoError(t, err)
+	b.clock.Advance(2 * time.Minute) // the owner died; its lease runs out
+	second, err := l.Claim(ctx, ext, &ledger.ClaimOpts{Lease: time.Minute})
+	require.NoError(t, err)
+	require.True(t, second.Lease.Redrive)
+	_, err = l.Complete(ctx, first.Lease, ledger.Response{Body: []byte(`1`)})
+	require.ErrorIs(t, err, ledger.ErrLeaseLost)
+	_, err = l.Complete(ctx, second.Lease, ledger.Response{Body: []byte(`1`)})
+	require.NoError(t, err)
+
+	require.Equal(t, map[string]int64{
+		"Do/first": 1, "Do/replay": 1, "Do/key_reused": 1,
+		"Claim/first": 1, "Claim/redrive": 1, "Complete/lease_lost": 1, "Complete/completed": 1,
+	}, probe.calls(t))
+
+	spans := probe.spans.GetSpans()
+	require.Len(t, spans, 7)
+	require.Equal(t, "oncekit.ledger.Do", spans[0].Name)
+	attrs := map[attribute.Key]string{}
+	for _, a := range spans[0].Attributes {
+		attrs[a.Key] = a.Value.Emit()
+	}
+	require.Equal(t, map[attribute.Key]string{ledger.AttrTenant: "acme", ledger.AttrOperation: "orders.create", ledger.AttrOutcome: "first"}, attrs,
+		"the scope and outcome, never the key or the body")
+	require.Contains(t, probe.logs.String(), "taken over")
+	require.Contains(t, probe.logs.String(), "oncekit.attempt=2")
+}
+
+// Without providers, nothing is recorded and nothing fails.
+func TestTelemetry_OffByDefault(t *testing.T) {
+	t.Parallel()
+	l, _ := setup(t, nil)
+	in := intent(t, "acme", "quiet", order{Item: "x", Amount: 1})
+	_, err := l.Do(context.Background(), in, func(context.Context, pgx.Tx) (ledger.Response, error) { return ledger.Response{}, nil }, nil)
+	require.NoError(t, err)
+	_, err = l.Purge(context.Background(), nil)
+	require.NoError(t, err)
+}
