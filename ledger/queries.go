@@ -42,6 +42,8 @@ type queries struct {
 	uncertain string
 	extend    string
 	purge     string
+	// Operators read and change records whatever their owner.
+	list, stats, forceRelease, evict string
 }
 
 // statements are the ledger's SQL, one whole statement per file, each listing its
@@ -73,39 +75,54 @@ func newQueries(schema string) queries {
 		uncertain:       load("uncertain"),
 		extend:          load("extend"),
 		purge:           load("purge"),
+		list:            load("list"),
+		stats:           load("stats"),
+		forceRelease:    load("force_release"),
+		evict:           load("evict"),
 	}
 }
 
 func (l *Ledger) lookup(ctx context.Context, q querier, scope keys.Scope, key keys.Key) (*Record, error) {
 	r := &Record{Scope: scope, Key: key}
-	var (
-		fp, state            string
-		body                 []byte
-		errCode, errMsg, ref *string
-		token                *uuid.UUID
-		leaseUntil           *time.Time
-		statusCode, attempts int32
-	)
-	err := q.QueryRow(ctx, l.q.lookup, scope.Tenant, scope.Operation, string(key), l.now()).Scan(
-		&fp, &state, &statusCode, &body, &errCode, &errMsg, &ref, &token, &leaseUntil, &r.Uncertain,
-		&attempts, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &r.Expired, &r.LeaseExpired)
+	var sc recordScan
+	err := q.QueryRow(ctx, l.q.lookup, scope.Tenant, scope.Operation, string(key), l.now()).Scan(sc.dest(r)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	r.Fingerprint, r.State = keys.Fingerprint(fp), State(state)
-	r.Response = Response{Code: int(statusCode), Body: body, ResourceRef: deref(ref)}
-	r.ErrorCode, r.ErrorMessage = deref(errCode), deref(errMsg)
-	if token != nil {
-		r.OwnerToken = *token
-	}
-	if leaseUntil != nil {
-		r.LeaseUntil = *leaseUntil
-	}
-	r.Attempts = int(attempts)
+	sc.finish(r)
 	return r, nil
+}
+
+// recordScan receives the columns every record query returns after the key: the record
+// (fingerprint to expires_at) and whether it and its lease have expired.
+type recordScan struct {
+	fp, state            string
+	body                 []byte
+	errCode, errMsg, ref *string
+	token                *uuid.UUID
+	leaseUntil           *time.Time
+	statusCode, attempts int32
+}
+
+func (sc *recordScan) dest(r *Record) []any {
+	return []any{&sc.fp, &sc.state, &sc.statusCode, &sc.body, &sc.errCode, &sc.errMsg, &sc.ref, &sc.token, &sc.leaseUntil,
+		&r.Uncertain, &sc.attempts, &r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &r.Expired, &r.LeaseExpired}
+}
+
+func (sc *recordScan) finish(r *Record) {
+	r.Fingerprint, r.State = keys.Fingerprint(sc.fp), State(sc.state)
+	r.Response = Response{Code: int(sc.statusCode), Body: sc.body, ResourceRef: deref(sc.ref)}
+	r.ErrorCode, r.ErrorMessage = deref(sc.errCode), deref(sc.errMsg)
+	if sc.token != nil {
+		r.OwnerToken = *sc.token
+	}
+	if sc.leaseUntil != nil {
+		r.LeaseUntil = *sc.leaseUntil
+	}
+	r.Attempts = int(sc.attempts)
 }
 
 func deref(s *string) string {

@@ -22,6 +22,7 @@ var rules = map[string][]string{
 	"webhook":               {"go.temporal.io/", mod + "testsuite"},
 	"inbox":                 {"go.temporal.io/", mod + "testsuite"},
 	"outbox":                {"go.temporal.io/", mod + "testsuite"},
+	"cmd/oncekit":           {"go.temporal.io/", mod + "testsuite"},
 	"migrate":               {"go.temporal.io/", mod + "testsuite"},
 	"outbox/outboxtemporal": {mod + "testsuite", mod + "worker", mod + "activity"},
 	"activity":              {mod + "testsuite", mod + "worker"},
