@@ -21,7 +21,9 @@ type capture struct {
 	tags   map[string]string
 }
 
-func newCapture() capture { return capture{mu: &sync.Mutex{}, counts: map[string]int64{}, tags: map[string]string{}} }
+func newCapture() capture {
+	return capture{mu: &sync.Mutex{}, counts: map[string]int64{}, tags: map[string]string{}}
+}
 
 func (c capture) WithTags(tags map[string]string) client.MetricsHandler {
 	merged := map[string]string{}

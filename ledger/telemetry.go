@@ -145,13 +145,6 @@ func (c call) end(outcome string, err error) {
 	}
 }
 
-// event marks a step of the call on its span: "claimed", "mutated", "stored".
-func (c call) event(name string) {
-	if c.span != nil {
-		c.span.AddEvent(name)
-	}
-}
-
 // waited records a wait for another attempt.
 func (t *telemetry) waited(op string, d time.Duration) {
 	if t.metrics && d > 0 {
