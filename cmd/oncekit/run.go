@@ -100,8 +100,8 @@ func (c *cli) dispatch(args []string) error {
 		if len(args) == 0 {
 			return usageError{"no command"}
 		}
-		fmt.Fprint(c.out, usage)
-		return nil
+		_, err := io.WriteString(c.out, usage)
+		return err
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
