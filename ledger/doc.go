@@ -37,8 +37,30 @@
 // every read: a retry that arrives after expiry is a new intent and runs again.
 // [Ledger.Purge] deletes expired records in batches and may run on many nodes at once.
 //
+// # Telemetry
+//
+// With [Config].MeterProvider set, the ledger records, through the OpenTelemetry metric
+// API:
+//
+//   - oncekit.ledger.calls ({call}): every call, with attributes oncekit.call (Do, DoTx,
+//     Claim, Complete, Fail, Release, MarkUncertain), oncekit.operation and oncekit.outcome
+//     (the Outcome constants: first, replay, failed, key_reused, in_progress,
+//     snapshot_conflict, redrive, completed, released, uncertain, lease_lost, error);
+//   - oncekit.ledger.call.duration (s): each call from its start to its commit or answer;
+//   - oncekit.ledger.wait.duration (s): time waited for another attempt holding the key;
+//   - oncekit.ledger.purge.deleted ({record}): records deleted by [Ledger.Purge].
+//
+// The tenant and key are left out of metrics, which would otherwise grow a series per
+// customer. With [Config].TracerProvider set, every call is a span (oncekit.ledger.Do and
+// so on) carrying oncekit.tenant, oncekit.operation and oncekit.outcome, never the key's
+// value or a body; it is a child of the span in the caller's context, such as the
+// activity span of Temporal's tracing interceptor, and the mutation's own database spans
+// nest under it. [Config].Logger receives a warning per take-over of an expired claim and
+// a line per purge. With neither set, a call costs a branch.
+//
 // # Schema
 //
 // [Migrate] creates the table in its own schema ([SchemaDefault] by default) from
-// embedded, numbered SQL files, which [Migrations] also exposes as plain SQL.
+// embedded, numbered SQL files, which [Migrations] also exposes as plain SQL; package
+// migrate applies every feature's line.
 package ledger

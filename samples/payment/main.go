@@ -100,8 +100,13 @@ func run(cfg config) (demoReport, error) {
 	defer stopProvider()
 
 	queue := "checkout-" + uuid.NewString()[:8]
+	metricsDir, err := os.MkdirTemp("", "oncekit-demo-metrics-")
+	if err != nil {
+		return demoReport{}, err
+	}
+	defer os.RemoveAll(metricsDir)
 	sup := &supervisor{env: []string{envRole + "=worker", envDB + "=" + tmp.DatabaseURL, envTemporal + "=" + tmp.TemporalAddress,
-		envNamespace + "=" + tmp.Namespace, envProvider + "=" + providerURL, envQueue + "=" + queue}}
+		envNamespace + "=" + tmp.Namespace, envProvider + "=" + providerURL, envQueue + "=" + queue, envMetrics + "=" + metricsDir}}
 	sup.start()
 	defer sup.stop()
 
@@ -132,6 +137,10 @@ func run(cfg config) (demoReport, error) {
 	}
 	fmt.Println()
 	rep.print(os.Stdout, sup.restarts.Load(), time.Since(start))
+	sup.stop() // the workers write their last counts as they stop
+	if err := printMetrics(os.Stdout, metricsDir); err != nil {
+		return demoReport{}, err
+	}
 	if tmp.UIAddress != "" {
 		sup.stop()
 		fmt.Printf("\nBrowse the sagas at %s (namespace %s). Press Ctrl-C to stop.\n", tmp.UIAddress, tmp.Namespace)

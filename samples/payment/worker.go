@@ -13,6 +13,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/devenv"
+	"github.com/oncekit/oncekit/internal/countmeter"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/worker"
 )
@@ -40,7 +41,9 @@ func runWorker(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	l, err := ledger.New(pool, &ledger.Config{Schema: demoSchema})
+	meter := countmeter.New()
+	go keepMetrics(ctx, meter, os.Getenv(envMetrics))
+	l, err := ledger.New(pool, &ledger.Config{Schema: demoSchema, MeterProvider: meter})
 	if err != nil {
 		return err
 	}
