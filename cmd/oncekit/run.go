@@ -385,9 +385,10 @@ func (c *cli) inspect(args []string) error {
 			fmt.Fprintf(w, "stuck\tits lease ran out and no attempt took it over\n")
 		}
 		fmt.Fprintf(w, "fingerprint\t%s\n", v.Fingerprint)
-		if v.State == string(ledger.StateFailed) {
+		switch v.State {
+		case string(ledger.StateFailed):
 			fmt.Fprintf(w, "error\t%s: %s\n", v.ErrorCode, v.Error)
-		} else {
+		case string(ledger.StateCompleted):
 			fmt.Fprintf(w, "status\t%d\nbody\t%d bytes: %s\n", v.Status, v.BodyBytes, v.Body)
 		}
 		if v.ResourceRef != "" {
@@ -471,7 +472,7 @@ func (c *cli) change(args []string, what string) error {
 		}
 		return exitError{exitNotFound, fmt.Sprintf("the record of key %q in %s is %s: %s", key, scope, r.State, hint)}
 	}
-	plan := fmt.Sprintf("%s the %s record of key %q in %s (created %s, %d attempts)", what, r.State, key, scope,
+	plan := fmt.Sprintf("%s the %s record of key %q in %s (created %s, attempts %d)", what, r.State, key, scope,
 		r.CreatedAt.UTC().Format(time.RFC3339), r.Attempts)
 	if wantPending {
 		plan += "; the next attempt starts afresh, and an external call is made again"

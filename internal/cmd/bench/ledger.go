@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncekit/oncekit/internal/countmeter"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/migrate"
@@ -34,6 +36,9 @@ type ledgerBench struct {
 type env struct {
 	pool   *pgxpool.Pool
 	ledger *ledger.Ledger
+	// metered is the same ledger with an in-memory meter and a logger: what a first
+	// execution costs when its metrics are recorded.
+	metered *ledger.Ledger
 	trips  *tripCounter
 	fp     keys.Fingerprint
 	scope  keys.Scope
@@ -68,8 +73,14 @@ func newEnv(ctx context.Context, url string, conns int32, params map[string]stri
 		pool.Close()
 		return nil, err
 	}
+	metered, err := ledger.New(pool, &ledger.Config{Schema: benchSchema, MeterProvider: countmeter.New(),
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
 	fp, _ := keys.FingerprintJSON(map[string]any{"item": "bench", "amount": 100})
-	return &env{pool: pool, ledger: l, trips: tc, fp: fp, scope: keys.Scope{Tenant: "bench", Operation: "orders.create"}}, nil
+	return &env{pool: pool, ledger: l, metered: metered, trips: tc, fp: fp, scope: keys.Scope{Tenant: "bench", Operation: "orders.create"}}, nil
 }
 
 // The scenarios, by what they compare:
@@ -84,7 +95,9 @@ func newEnv(ctx context.Context, url string, conns int32, params map[string]stri
 //     claiming first (ClaimFirst, 3); replay: a completed key (1); replay_claim: the
 //     same with ClaimFirst (2).
 //   - naive: the look-then-insert guard many codebases write first.
-var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_lookup", "first_claim", "replay", "replay_claim", "naive",
+//   - first_metered: first on a ledger whose metrics are recorded (an in-memory meter
+//     summing every counter), so metered_vs_first prices the instruments.
+var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_metered", "first_lookup", "first_claim", "replay", "replay_claim", "naive",
 	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout", "floor_ledger_record"}
 
 // The probes price the statements a first execution could add to floor_pipelined, one
@@ -218,6 +231,10 @@ func (e *env) scenarios() []scenario {
 			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{FirstAttempt: true})
 			return err
 		}},
+		{"first_metered", func(ctx context.Context, _ int) error {
+			_, err := e.metered.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{FirstAttempt: true})
+			return err
+		}},
 		{"first_lookup", func(ctx context.Context, _ int) error {
 			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, nil)
 			return err
@@ -302,6 +319,8 @@ var ledgerRatios = [][3]string{
 	{"noise", "bare_again", "bare"},
 	{"first_vs_bare", "first", "bare"},
 	{"first_vs_floor", "first", "floor_pipelined"},
+	{"first_vs_bare.metered", "first_metered", "bare"},
+	{"metered_vs_first", "first_metered", "first"},
 	{"first_lookup_vs_bare", "first_lookup", "bare"},
 	{"first_lookup_vs_floor", "first_lookup", "floor"},
 	{"first_claim_vs_bare", "first_claim", "bare"},
