@@ -105,6 +105,18 @@ func TestTelemetry_MetricsSpansAndLogs(t *testing.T) {
 	}
 	require.Equal(t, map[attribute.Key]string{ledger.AttrTenant: "acme", ledger.AttrOperation: "orders.create", ledger.AttrOutcome: "first"}, attrs,
 		"the scope and outcome, never the key or the body")
+	// A call's span is a child of the span in the caller's context, such as the
+	// activity span Temporal's tracing interceptor starts.
+	parentCtx, parent := cfg.TracerProvider.Tracer("caller").Start(ctx, "RunActivity:orders.create")
+	_, err = l.Do(parentCtx, in, createOrder("acme", req), nil)
+	require.NoError(t, err)
+	parent.End()
+	all := probe.spans.GetSpans()
+	child := all[len(all)-2]
+	require.Equal(t, "oncekit.ledger.Do", child.Name)
+	require.Equal(t, parent.SpanContext().SpanID(), child.Parent.SpanID())
+	require.Equal(t, parent.SpanContext().TraceID(), child.SpanContext.TraceID())
+
 	require.Contains(t, probe.logs.String(), "taken over")
 	require.Contains(t, probe.logs.String(), "oncekit.attempt=2")
 }

@@ -51,7 +51,7 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives a span per publication. Defaults to none.
 	TracerProvider trace.TracerProvider
-	// Logger receives a line per dead event. Defaults to discarding it.
+	// Logger receives a line per dead event and per purge. Defaults to discarding them.
 	Logger *slog.Logger
 }
 
@@ -272,5 +272,6 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 func (o *Outbox) PurgePublished(ctx context.Context, before time.Time) (int64, error) {
 	deleted, _, err := pgsql.Purge(ctx, o.pool, pgsql.PurgeSQL(o.t, "state = 'published' AND published_at < $2", "seq"),
 		ledger.PurgeBatchDefault, 0, before)
+	o.tel.purge(ctx, deleted)
 	return deleted, err
 }

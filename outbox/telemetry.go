@@ -26,6 +26,7 @@ type telemetry struct {
 	published metric.Int64Counter
 	failed    metric.Int64Counter
 	dead      metric.Int64Counter
+	purged    metric.Int64Counter
 	duration  metric.Float64Histogram
 	tracer    trace.Tracer
 	log       *slog.Logger
@@ -54,6 +55,10 @@ func newTelemetry(c *Config, o *Outbox) (*telemetry, error) {
 	}
 	if t.dead, err = m.Int64Counter("oncekit.outbox.dead", metric.WithUnit("{event}"),
 		metric.WithDescription("Events moved to the dead state.")); err != nil {
+		return nil, err
+	}
+	if t.purged, err = m.Int64Counter("oncekit.outbox.purge.deleted", metric.WithUnit("{event}"),
+		metric.WithDescription("Published events deleted by PurgePublished.")); err != nil {
 		return nil, err
 	}
 	if t.duration, err = m.Float64Histogram("oncekit.outbox.publish.duration", metric.WithUnit("s"),
@@ -105,6 +110,14 @@ func (t *telemetry) publication(ctx context.Context, e Event, publish func(ctx c
 		span.End()
 	}
 	return err
+}
+
+// purge records a purge of published events.
+func (t *telemetry) purge(ctx context.Context, deleted int64) {
+	if t.metrics {
+		t.purged.Add(ctx, deleted)
+	}
+	t.log.LogAttrs(ctx, slog.LevelInfo, "oncekit: purged published outbox events", slog.Int64("oncekit.deleted", deleted))
 }
 
 // died records an event moved to the dead state.
