@@ -39,10 +39,10 @@ type env struct {
 	// metered is the same ledger with an in-memory meter and a logger: what a first
 	// execution costs when its metrics are recorded.
 	metered *ledger.Ledger
-	trips  *tripCounter
-	fp     keys.Fingerprint
-	scope  keys.Scope
-	replay []keys.Key
+	trips   *tripCounter
+	fp      keys.Fingerprint
+	scope   keys.Scope
+	replay  []keys.Key
 }
 
 func newEnv(ctx context.Context, url string, conns int32, params map[string]string) (*env, error) {
