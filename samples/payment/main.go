@@ -104,7 +104,7 @@ func run(cfg config) (demoReport, error) {
 	if err != nil {
 		return demoReport{}, err
 	}
-	defer os.RemoveAll(metricsDir)
+	defer func() { _ = os.RemoveAll(metricsDir) }()
 	sup := &supervisor{env: []string{envRole + "=worker", envDB + "=" + tmp.DatabaseURL, envTemporal + "=" + tmp.TemporalAddress,
 		envNamespace + "=" + tmp.Namespace, envProvider + "=" + providerURL, envQueue + "=" + queue, envMetrics + "=" + metricsDir}}
 	sup.start()
