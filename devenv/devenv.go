@@ -9,10 +9,14 @@ package devenv
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	tlog "go.temporal.io/sdk/log"
 
 	"github.com/oncekit/oncekit/internal/devserver"
@@ -30,6 +34,16 @@ type Config struct {
 	// Progress receives the progress of the one-time Temporal CLI build. Defaults to
 	// discarding it.
 	Progress io.Writer
+	// PersistTemporal keeps the dev server's state in a file, so that [Env.CrashTemporal]
+	// brings its workflows back. Defaults to false: state in memory.
+	PersistTemporal bool
+	// Durable runs the throwaway PostgreSQL with fsync and synchronous commit on, as a
+	// production server: a crash then loses no committed transaction. Without it (the
+	// default, for speed) a crash may lose the last commits. Defaults to false.
+	Durable bool
+	// Keep leaves the throwaway PostgreSQL cluster's directory in place at Close, so its
+	// data can be looked at afterwards ([Env.KeptAt] says how). Defaults to false.
+	Keep bool
 }
 
 // Env is a PostgreSQL server and a Temporal server.
@@ -45,6 +59,8 @@ type Env struct {
 
 	cluster *pgtest.Cluster
 	dev     *devserver.Server
+	keep    bool
+	state   string
 }
 
 // Start provides the servers cfg asks for.
@@ -53,14 +69,22 @@ func Start(ctx context.Context, cfg *Config) (*Env, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	e := &Env{}
+	e := &Env{keep: c.Keep}
 	if !c.NoPostgres {
-		if err := e.startPostgres(ctx); err != nil {
+		if err := e.startPostgres(ctx, c.Durable); err != nil {
 			return nil, err
 		}
 	}
 	if !c.NoTemporal {
-		dev, err := devserver.Start(ctx, &devserver.Options{Progress: c.Progress, UIPort: c.UIPort})
+		opts := &devserver.Options{Progress: c.Progress, UIPort: c.UIPort}
+		if c.PersistTemporal {
+			dir, err := os.MkdirTemp("", "oncekit-temporal-")
+			if err != nil {
+				return nil, errors.Join(err, e.Close())
+			}
+			e.state, opts.DBFile = dir, filepath.Join(dir, "temporal.db")
+		}
+		dev, err := devserver.Start(ctx, opts)
 		if err != nil {
 			return nil, errors.Join(err, e.Close())
 		}
@@ -70,12 +94,12 @@ func Start(ctx context.Context, cfg *Config) (*Env, error) {
 	return e, nil
 }
 
-func (e *Env) startPostgres(ctx context.Context) error {
+func (e *Env) startPostgres(ctx context.Context, durable bool) error {
 	if url := os.Getenv("DATABASE_URL"); url != "" {
 		e.DatabaseURL = url
 		return nil
 	}
-	cluster, err := pgtest.StartCluster(ctx, nil)
+	cluster, err := pgtest.StartCluster(ctx, &pgtest.ClusterOpts{Durable: durable})
 	if err != nil {
 		return err
 	}
@@ -92,10 +116,88 @@ func (e *Env) Close() error {
 		e.dev = nil
 	}
 	if e.cluster != nil {
-		errs = append(errs, e.cluster.Close())
+		if e.keep {
+			errs = append(errs, e.cluster.Stop())
+		} else {
+			errs = append(errs, e.cluster.Close())
+		}
 		e.cluster = nil
 	}
+	if e.state != "" {
+		errs = append(errs, os.RemoveAll(e.state))
+		e.state = ""
+	}
 	return errors.Join(errs...)
+}
+
+// ErrNotOwned is returned by the fault methods for a server Start did not start (one
+// named by DATABASE_URL or TEMPORAL_ADDRESS), which they leave alone.
+var ErrNotOwned = errors.New("oncekit/devenv: this server was not started here; faults are injected only into servers devenv owns")
+
+// OwnsPostgres and OwnsTemporal report whether Start started the server, so that faults
+// may be injected into it.
+func (e *Env) OwnsPostgres() bool { return e.cluster != nil }
+
+// OwnsTemporal: see [Env.OwnsPostgres].
+func (e *Env) OwnsTemporal() bool { return e.dev != nil && e.TemporalAddress != "" && os.Getenv("TEMPORAL_ADDRESS") == "" }
+
+// CrashPostgres stops PostgreSQL as a crash would (immediate shutdown: every connection
+// dropped, crash recovery at the next start), keeps it down for down, and starts it.
+// It starts the server again even when ctx ends meanwhile: a fault never outlives its
+// injector.
+func (e *Env) CrashPostgres(ctx context.Context, down time.Duration) error {
+	if e.cluster == nil {
+		return ErrNotOwned
+	}
+	return e.cluster.Crash(context.WithoutCancel(ctx), down)
+}
+
+// KillBackend terminates one client connection other than its own, chosen by pick from
+// the count of candidates, as an operator's pg_terminate_backend or an OOM kill of one
+// backend would. It reports whether one was terminated.
+func (e *Env) KillBackend(ctx context.Context, pick func(n int) int) (bool, error) {
+	if e.cluster == nil {
+		return false, ErrNotOwned
+	}
+	conn, err := pgx.Connect(ctx, e.DatabaseURL)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity
+		WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() AND datname = current_database()`)
+	if err != nil {
+		return false, err
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil || len(pids) == 0 {
+		return false, err
+	}
+	var killed bool
+	err = conn.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pids[pick(len(pids))]).Scan(&killed)
+	return killed, err
+}
+
+// CrashTemporal SIGKILLs the Temporal dev server, keeps it down for down, and starts it
+// again on the same port, even when ctx ends meanwhile. With Config.PersistTemporal its
+// workflows come back.
+func (e *Env) CrashTemporal(ctx context.Context, down time.Duration) error {
+	if !e.OwnsTemporal() {
+		return ErrNotOwned
+	}
+	return e.dev.Crash(context.WithoutCancel(ctx), down)
+}
+
+// KeptAt says where the cluster kept by Config.Keep lives and how to start it and
+// connect; empty when nothing is kept.
+func (e *Env) KeptAt() string {
+	if !e.keep || e.cluster == nil {
+		return ""
+	}
+	d := e.cluster.Dir()
+	return fmt.Sprintf("the PostgreSQL cluster is kept in %s; start it as the postgres user with\n"+
+		"  postgres -D %s/data -k %s -c listen_addresses=\n"+
+		"and connect with DATABASE_URL=%q", d, d, d, e.DatabaseURL)
 }
 
 // QuietLogger returns a Temporal logger that drops everything: Temporal's structured

@@ -124,6 +124,9 @@ type Server struct {
 	UIAddress string
 	cmd       *exec.Cmd
 	exited    chan struct{}
+	path      string
+	args      []string
+	log       io.Writer
 }
 
 // Options configure [Start].
@@ -134,6 +137,9 @@ type Options struct {
 	UIPort int
 	// Log receives the server's own output. Defaults to discarding it.
 	Log io.Writer
+	// DBFile keeps the server's state in this SQLite file, so that a restart finds its
+	// workflows again. Defaults to memory only.
+	DBFile string
 }
 
 // Start returns the server at TEMPORAL_ADDRESS when it is set, otherwise starts a dev
@@ -168,23 +174,52 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	} else {
 		args = append(args, "--headless")
 	}
-	cmd := exec.Command(path, args...)
-	out := o.Log
-	if out == nil {
-		out = io.Discard
+	if o.DBFile != "" {
+		args = append(args, "--db-filename", o.DBFile)
 	}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("devserver: start %s: %w", path, err)
+	s.path, s.args, s.log = path, args, o.Log
+	if s.log == nil {
+		s.log = io.Discard
 	}
-	s.cmd = cmd
-	go func() { _ = cmd.Wait(); close(s.exited) }()
-	if err := s.waitReady(ctx, 60*time.Second); err != nil {
-		_ = s.Stop()
+	if err := s.start(ctx); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+func (s *Server) start(ctx context.Context) error {
+	cmd := exec.Command(s.path, s.args...)
+	cmd.Stdout, cmd.Stderr = s.log, s.log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("devserver: start %s: %w", s.path, err)
+	}
+	s.cmd, s.exited = cmd, make(chan struct{})
+	exited := s.exited
+	go func() { _ = cmd.Wait(); close(exited) }()
+	if err := s.waitReady(ctx, 60*time.Second); err != nil {
+		_ = s.Stop()
+		return err
+	}
+	return nil
+}
+
+// Crash SIGKILLs a dev server this process started, keeps it down for down, and starts
+// it again on the same port; with Options.DBFile it finds its workflows again.
+func (s *Server) Crash(ctx context.Context, down time.Duration) error {
+	if s.cmd == nil {
+		return errors.New("devserver: Crash needs a dev server this process started")
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+	t := time.NewTimer(down)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	}
+	return s.start(ctx)
 }
 
 func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {

@@ -164,6 +164,31 @@ func (c *Cluster) Stop() error {
 	return nil
 }
 
+// Crash stops the server as a crash would (immediate shutdown: no checkpoint, every
+// backend killed, crash recovery at the next start), keeps it down for down, and starts
+// it again.
+func (c *Cluster) Crash(ctx context.Context, down time.Duration) error {
+	c.mu.Lock()
+	if c.cmd != nil {
+		_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+		<-c.waitErr
+		c.cmd = nil
+		c.log.Close()
+	}
+	c.mu.Unlock()
+	t := time.NewTimer(down)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	}
+	return c.Start(ctx)
+}
+
+// Dir is the cluster's directory: its data directory, socket and log.
+func (c *Cluster) Dir() string { return c.dir }
+
 // Restart stops and starts the server.
 func (c *Cluster) Restart(ctx context.Context) error {
 	if err := c.Stop(); err != nil {

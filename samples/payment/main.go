@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/devenv"
@@ -38,6 +40,12 @@ type config struct {
 	concurrency int
 	uiPort      int
 	naive       bool
+	duration    time.Duration // stop submitting after this long; 0: submit every order
+	seed        uint64
+	keep        bool
+	faults      faultConfig
+	grace       time.Duration // how long an interrupted run waits for the orders in flight
+	killEvery   int           // one order in killEvery kills the worker after its charge
 }
 
 func main() {
@@ -50,6 +58,17 @@ func main() {
 	flag.IntVar(&cfg.concurrency, "concurrency", 60, "checkouts in flight at once")
 	flag.IntVar(&cfg.uiPort, "ui-port", 0, "serve the Temporal Web UI on this port (dev server only) and keep it up after the run, to browse the sagas")
 	flag.BoolVar(&cfg.naive, "naive", true, "run the same orders through the naive saga too")
+	flag.DurationVar(&cfg.duration, "duration", 0, "stop submitting orders after this long (0: submit them all), then finish the ones in flight")
+	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the faults' timing")
+	flag.BoolVar(&cfg.keep, "keep", false, "keep the throwaway PostgreSQL cluster and say how to connect to it")
+	flag.DurationVar(&cfg.faults.pgCrashEvery, "pg-crash-every", 0, "crash-restart PostgreSQL (immediate mode) about this often")
+	flag.DurationVar(&cfg.faults.pgDown, "pg-down", time.Second, "how long a crashed PostgreSQL stays down")
+	flag.DurationVar(&cfg.faults.backendKillEvery, "backend-kill-every", 0, "terminate one PostgreSQL client backend about this often")
+	flag.DurationVar(&cfg.faults.outageEvery, "outage-every", 0, "take PostgreSQL down for -outage about this often")
+	flag.DurationVar(&cfg.faults.outage, "outage", 30*time.Second, "length of a PostgreSQL outage")
+	flag.DurationVar(&cfg.faults.temporalEvery, "temporal-crash-every", 0, "SIGKILL and restart the Temporal dev server about this often (its state is kept in a file)")
+	flag.DurationVar(&cfg.grace, "grace", 2*time.Minute, "how long an interrupted run waits for the orders in flight")
+	flag.IntVar(&cfg.killEvery, "kill-every", 20, "one order in this many SIGKILLs the worker right after its charge (0: none)")
 	flag.Parse()
 	rep, err := run(cfg)
 	if err != nil {
@@ -77,19 +96,37 @@ func run(cfg config) (demoReport, error) {
 	defer stop()
 	start := time.Now()
 
-	tmp, err := devenv.Start(ctx, &devenv.Config{UIPort: cfg.uiPort, Progress: os.Stderr})
+	tmp, err := devenv.Start(ctx, &devenv.Config{UIPort: cfg.uiPort, Progress: os.Stderr,
+		PersistTemporal: cfg.faults.temporalEvery > 0, Keep: cfg.keep,
+		// A crash of a server with fsync off loses commits that were acknowledged:
+		// that would be PostgreSQL's failure, not the saga's.
+		Durable: cfg.faults.pgCrashEvery > 0 || cfg.faults.outageEvery > 0})
 	if err != nil {
-		return demoReport{}, err
+		return demoReport{}, fmt.Errorf("start the servers: %w", err)
 	}
-	defer func() { _ = tmp.Close() }()
+	defer func() {
+		_ = tmp.Close()
+		if kept := tmp.KeptAt(); kept != "" {
+			fmt.Println(kept)
+		}
+	}()
+	if (cfg.faults.pgCrashEvery > 0 || cfg.faults.backendKillEvery > 0 || cfg.faults.outageEvery > 0) && !tmp.OwnsPostgres() {
+		return demoReport{}, errors.New("PostgreSQL faults need the demo's own server: unset DATABASE_URL")
+	}
+	if cfg.faults.temporalEvery > 0 && !tmp.OwnsTemporal() {
+		return demoReport{}, errors.New("Temporal faults need the demo's own dev server: unset TEMPORAL_ADDRESS")
+	}
 	fmt.Printf("PostgreSQL ready; Temporal at %s", tmp.TemporalAddress)
 	if tmp.UIAddress != "" {
 		fmt.Printf(", web UI at %s", tmp.UIAddress)
 	}
 	fmt.Println()
 
-	pool, err := setupDatabase(ctx, tmp.DatabaseURL)
-	if err != nil {
+	var pool *pgxpool.Pool
+	if err := retry(ctx, "set up the demo's schemas", func() (err error) {
+		pool, err = setupDatabase(ctx, tmp.DatabaseURL)
+		return err
+	}); err != nil {
 		return demoReport{}, err
 	}
 	defer pool.Close()
@@ -117,7 +154,7 @@ func run(cfg config) (demoReport, error) {
 	}
 	defer c.Close()
 
-	orders := makeOrders(cfg.orders, queue)
+	orders := makeOrders(cfg.orders, queue, cfg.killEvery)
 	modes := []string{"oncekit"}
 	if cfg.naive {
 		modes = append(modes, "naive")
@@ -127,14 +164,37 @@ func run(cfg config) (demoReport, error) {
 		countIf(orders, func(o Order) bool { return o.LoseChargeResponse }),
 		countIf(orders, func(o Order) bool { return o.ShippingFails }),
 		countIf(orders, func(o Order) bool { return o.LoseRefundResponse }), countTwice(len(orders)))
-	outcomes, err := checkout(ctx, c, queue, orders, modes, cfg.concurrency, sup)
-	if err != nil {
+	counts := &faultCounts{}
+	faultCtx, stopFaults := context.WithCancel(context.WithoutCancel(ctx))
+	faultsDone := make(chan struct{})
+	if cfg.faults.any() {
+		fmt.Printf("Injecting into the servers: %s\n", cfg.faults)
+		go func() { defer close(faultsDone); injectFaults(faultCtx, tmp, cfg.faults, cfg.seed, counts) }()
+	} else {
+		close(faultsDone)
+	}
+	submitCtx := ctx
+	if cfg.duration > 0 {
+		var cancel context.CancelFunc
+		submitCtx, cancel = context.WithTimeout(ctx, cfg.duration)
+		defer cancel()
+	}
+	outcomes := checkout(submitCtx, c, queue, orders, modes, cfg.concurrency, sup, counts, pool, cfg.grace)
+	stopFaults()
+	<-faultsDone
+	// The report reads the database after the faults; it waits out a restart in progress.
+	reportCtx := context.WithoutCancel(ctx)
+	var rep demoReport
+	if err := retry(reportCtx, "count the outcomes in the database", func() (err error) {
+		rep, err = report(reportCtx, pool, orders, modes, outcomes)
+		return err
+	}); err != nil {
 		return demoReport{}, err
 	}
-	rep, err := report(ctx, pool, orders, modes, outcomes)
-	if err != nil {
+	if err := retry(reportCtx, "check for leftovers", func() error { return rep.checkLeftovers(reportCtx, pool, c) }); err != nil {
 		return demoReport{}, err
 	}
+	rep.faults = counts.String()
 	fmt.Println()
 	rep.print(os.Stdout, sup.restarts.Load(), time.Since(start))
 	sup.stop() // the workers write their last counts as they stop
@@ -163,12 +223,12 @@ func countIf(orders []Order, f func(Order) bool) int {
 // worker right after its charge; one in ten loses the provider's answer to the charge;
 // one in ten is refused by shipping (and compensated), half of those losing the answer
 // to the refund; one in ten is submitted twice.
-func makeOrders(n int, run string) []Order {
+func makeOrders(n int, run string, killEvery int) []Order {
 	orders := make([]Order, n)
 	for i := range orders {
 		orders[i] = Order{
 			ID: fmt.Sprintf("%s-order-%03d", run, i+1), SKU: fmt.Sprintf("sku-%d", i%5), Qty: 1 + i%3, Amount: int64(1000 + 10*i),
-			KillAfterCharge:    i%20 == 1,
+			KillAfterCharge:    killEvery > 0 && i%killEvery == 1,
 			LoseChargeResponse: i%10 == 2,
 			ShippingFails:      i%10 == 3,
 			LoseRefundResponse: i%20 == 3,
@@ -189,55 +249,72 @@ func countTwice(n int) int {
 	return c
 }
 
-// outcome of one order in one saga.
-type outcome struct {
-	shipped     bool
-	compensated bool
-	err         error
-}
-
 // checkout submits every order to every saga, at most concurrency at once, with a
-// second submission for the orders marked for it, and waits for all of them.
-func checkout(ctx context.Context, c client.Client, queue string, orders []Order, modes []string, concurrency int, sup *supervisor) (map[string][]outcome, error) {
+// second submission for the orders marked for it, and waits for them. When ctx ends (an
+// interrupt, or -duration), it stops submitting, waits up to grace for the orders in
+// flight, and reports the rest as unfinished.
+func checkout(ctx context.Context, c client.Client, queue string, orders []Order, modes []string, concurrency int,
+	sup *supervisor, counts *faultCounts, pool *pgxpool.Pool, grace time.Duration) map[string][]outcome {
 	out := map[string][]outcome{}
 	for _, m := range modes {
 		out[m] = make([]outcome, len(orders))
+		for i := range out[m] {
+			out[m][i] = outcome{unsubmitted: true}
+		}
 	}
-	var done atomic.Int64
-	total := int64(len(orders) * len(modes))
+	waitCtx, cancelWait := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWait()
+	stopWaiting := context.AfterFunc(ctx, func() {
+		fmt.Printf("  stopped submitting; waiting up to %s for the orders in flight\n", grace)
+		time.AfterFunc(grace, cancelWait)
+	})
+	defer stopWaiting()
+	var done, submitted atomic.Int64
 	ticker := time.NewTicker(3 * time.Second)
 	defer ticker.Stop()
 	go func() {
 		for range ticker.C {
-			fmt.Printf("  %d/%d checkouts finished, worker restarted %d times\n", done.Load(), total, sup.restarts.Load())
+			fmt.Printf("  %d/%d checkouts finished, worker restarted %d times; %s\n", done.Load(), submitted.Load(), sup.restarts.Load(), counts)
+			pctx, cancel := context.WithTimeout(waitCtx, time.Second)
+			if err := pool.Ping(pctx); err != nil && waitCtx.Err() == nil {
+				fmt.Printf("  PostgreSQL is unreachable: %v\n", err)
+			}
+			if _, err := c.CheckHealth(pctx, nil); err != nil && waitCtx.Err() == nil {
+				fmt.Printf("  Temporal is unreachable: %v\n", err)
+			}
+			cancel()
 		}
 	}()
 	sem := make(chan struct{}, concurrency)
 	var wg sync.WaitGroup
+submit:
 	for i, o := range orders {
 		for _, mode := range modes {
-			sem <- struct{}{}
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				break submit
+			}
+			submitted.Add(1)
+			out[mode][i] = outcome{}
 			wg.Go(func() {
 				defer func() { <-sem }()
-				out[mode][i] = runOrder(ctx, c, queue, mode, o, twice(i))
+				out[mode][i] = runOrder(waitCtx, c, queue, mode, o, twice(i), counts)
 				done.Add(1)
 			})
 		}
 	}
 	wg.Wait()
-	fmt.Printf("  %d/%d checkouts finished, worker restarted %d times\n", done.Load(), total, sup.restarts.Load())
-	return out, ctx.Err()
+	fmt.Printf("  %d/%d checkouts finished, worker restarted %d times; %s\n", done.Load(), submitted.Load(), sup.restarts.Load(), counts)
+	return out
 }
 
-func runOrder(ctx context.Context, c client.Client, queue, mode string, o Order, submitTwice bool) outcome {
+func runOrder(ctx context.Context, c client.Client, queue, mode string, o Order, submitTwice bool, counts *faultCounts) outcome {
 	wf := wfCheckout
 	if mode == "naive" {
 		wf = wfNaiveCheckout
 	}
 	ctx = keys.WithTenant(ctx, "shop")
-	submit := func(id string) (client.WorkflowRun, error) {
-		return c.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: queue, WorkflowExecutionTimeout: 5 * time.Minute}, wf, o)
-	}
 	runs := []string{mode + "-" + o.ID}
 	if submitTwice {
 		// A client retried after a timeout and submitted the order again, under a new
@@ -248,17 +325,78 @@ func runOrder(ctx context.Context, c client.Client, queue, mode string, o Order,
 	results := make([]outcome, len(runs))
 	for i, id := range runs {
 		wg.Go(func() {
-			run, err := submit(id)
-			if err != nil {
-				results[i] = outcome{err: err}
-				return
-			}
-			err = run.Get(ctx, nil)
-			results[i] = outcome{shipped: err == nil, compensated: isCompensated(err), err: err}
+			err := startAndWait(ctx, c, id, client.StartWorkflowOptions{ID: id, TaskQueue: queue, WorkflowExecutionTimeout: 30 * time.Minute}, wf, o, counts)
+			results[i] = outcome{shipped: err == nil, compensated: isCompensated(err), compensationFailed: isCompensationFailed(err),
+				unfinished: ctx.Err() != nil && !isWorkflowEnd(err), err: err, id: id}
 		})
 	}
 	wg.Wait()
-	return results[0]
+	res := results[0]
+	if len(results) > 1 {
+		res.secondAgrees = results[1].shipped == res.shipped && results[1].compensated == res.compensated && !results[1].unfinished
+	}
+	return res
+}
+
+// startAndWait starts the workflow (again, after an error that may have hidden its start:
+// Temporal returns the run already started under the ID) and waits for its end, riding
+// out a Temporal restart. It returns the workflow's own error, or ctx's.
+func startAndWait(ctx context.Context, c client.Client, id string, opts client.StartWorkflowOptions, wf string, o Order, counts *faultCounts) error {
+	backoff := 100 * time.Millisecond
+	for {
+		_, err := c.ExecuteWorkflow(ctx, opts, wf, o)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		counts.seen(fmt.Errorf("start %s: %w", id, err))
+		sleepCtx(ctx, &backoff)
+	}
+	for {
+		err := c.GetWorkflow(ctx, id, "").Get(ctx, nil)
+		if err == nil || isWorkflowEnd(err) || ctx.Err() != nil {
+			return err
+		}
+		counts.seen(fmt.Errorf("wait for %s: %w", id, err))
+		sleepCtx(ctx, &backoff)
+	}
+}
+
+func sleepCtx(ctx context.Context, backoff *time.Duration) {
+	t := time.NewTimer(*backoff)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	*backoff = min(*backoff*2, 5*time.Second)
+}
+
+// isWorkflowEnd reports whether err is how a workflow ended, rather than a failure to
+// reach Temporal.
+func isWorkflowEnd(err error) bool {
+	var wee *temporal.WorkflowExecutionError
+	return errors.As(err, &wee)
+}
+
+// retry runs step until it succeeds or ctx ends, riding out a restart or an outage of
+// the servers; its error names the step.
+func retry(ctx context.Context, step string, f func() error) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	backoff := 200 * time.Millisecond
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("%s: %w", step, err)
+		}
+		fmt.Printf("  %s failed (%v); retrying\n", step, err)
+		sleepCtx(ctx, &backoff)
+	}
 }
 
 // supervisor keeps one worker process running, restarting it when it dies.

@@ -5,24 +5,48 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/temporal"
 
+	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/policy"
 )
 
+// outcome of one order in one saga.
+type outcome struct {
+	id                 string
+	shipped            bool
+	compensated        bool // every compensation succeeded
+	compensationFailed bool // a compensation gave up: money or stock may be out of balance
+	unfinished         bool // still running when the run stopped waiting
+	unsubmitted        bool // not submitted: the run was stopped first
+	secondAgrees       bool // the second submission, if any, ended the same way
+	err                error
+}
+
 func isCompensated(err error) bool {
 	var appErr *temporal.ApplicationError
-	return errors.As(err, &appErr) && (appErr.Type() == policy.ErrTypeCompensated || appErr.Type() == policy.ErrTypeCompensationFailed)
+	return errors.As(err, &appErr) && appErr.Type() == policy.ErrTypeCompensated
+}
+
+func isCompensationFailed(err error) bool {
+	var appErr *temporal.ApplicationError
+	return errors.As(err, &appErr) && appErr.Type() == policy.ErrTypeCompensationFailed
 }
 
 // tally is what one saga did to the world, counted in the database.
 type tally struct {
 	mode                                    string
 	orders, shipped, compensated, failed    int
+	compensationFailed, unfinished          int
+	seconds, secondsAgree                   int
+	unclean                                 []string
 	charges, refunds, shipments             int
 	dupCharges, dupRefunds, dupShipments    int
 	charged, refunded, expected, stockDrift int64
@@ -30,15 +54,32 @@ type tally struct {
 	firstErr                                error
 }
 
-type demoReport struct{ tallies []tally }
+type demoReport struct {
+	tallies []tally
+	faults  string
+	// Leftovers found after the run, in oncekit's saga: ledger records pending past
+	// their lease, and workflows still running.
+	stuckRecords    int64
+	runningWorkflow int64
+}
 
 func report(ctx context.Context, pool *pgxpool.Pool, orders []Order, modes []string, outcomes map[string][]outcome) (demoReport, error) {
 	var rep demoReport
 	for _, mode := range modes {
-		t := tally{mode: mode, orders: len(orders)}
+		t := tally{mode: mode}
 		shippedQty := map[string]int{}
 		for i, o := range orders {
 			oc := outcomes[mode][i]
+			if oc.unsubmitted {
+				continue
+			}
+			t.orders++
+			if twice(i) {
+				t.seconds++
+				if oc.secondAgrees {
+					t.secondsAgree++
+				}
+			}
 			switch {
 			case oc.shipped:
 				t.shipped++
@@ -46,8 +87,15 @@ func report(ctx context.Context, pool *pgxpool.Pool, orders []Order, modes []str
 				shippedQty[o.SKU] += o.Qty
 			case oc.compensated:
 				t.compensated++
+			case oc.compensationFailed:
+				t.compensationFailed++
+				t.unclean = append(t.unclean, oc.id)
+			case oc.unfinished:
+				t.unfinished++
+				t.unclean = append(t.unclean, oc.id)
 			default:
 				t.failed++
+				t.unclean = append(t.unclean, oc.id)
 				if t.firstErr == nil {
 					t.firstErr = fmt.Errorf("%s: %w", o.ID, oc.err)
 				}
@@ -98,8 +146,9 @@ func report(ctx context.Context, pool *pgxpool.Pool, orders []Order, modes []str
 func (r demoReport) ok() bool {
 	for _, t := range r.tallies {
 		if t.mode == "oncekit" {
-			return t.failed == 0 && t.compensated == t.wantCompensated && t.dupCharges == 0 && t.dupRefunds == 0 &&
-				t.dupShipments == 0 && t.charged-t.refunded == t.expected && t.stockDrift == 0
+			return t.failed == 0 && t.compensationFailed == 0 && t.unfinished == 0 && t.compensated == t.wantCompensated &&
+				t.dupCharges == 0 && t.dupRefunds == 0 && t.dupShipments == 0 && t.charged-t.refunded == t.expected &&
+				t.stockDrift == 0 && t.secondsAgree == t.seconds && r.stuckRecords == 0 && r.runningWorkflow == 0
 		}
 	}
 	return false
@@ -120,11 +169,21 @@ func (r demoReport) print(w io.Writer, restarts int64, took time.Duration) {
 		fmt.Fprintln(tw, line)
 	}
 	itoa := func(n int) string { return fmt.Sprint(n) }
-	money := func(c int64) string { return fmt.Sprintf("%d.%02d", c/100, c%100) }
+	money := func(c int64) string {
+		sign := ""
+		if c < 0 {
+			sign, c = "-", -c
+		}
+		return fmt.Sprintf("%s%d.%02d", sign, c/100, c%100)
+	}
 	row("orders", func(t tally) string { return itoa(t.orders) })
 	row("completed (shipped)", func(t tally) string { return itoa(t.shipped) })
 	row("compensated", func(t tally) string { return itoa(t.compensated) })
+	row("compensation failed", func(t tally) string { return itoa(t.compensationFailed) })
+	row("unfinished", func(t tally) string { return itoa(t.unfinished) })
 	row("failed otherwise", func(t tally) string { return itoa(t.failed) })
+	row("second submissions", func(t tally) string { return itoa(t.seconds) })
+	row("  ended as the first", func(t tally) string { return itoa(t.secondsAgree) })
 	row("charges", func(t tally) string { return itoa(t.charges) })
 	row("refunds", func(t tally) string { return itoa(t.refunds) })
 	row("shipments", func(t tally) string { return itoa(t.shipments) })
@@ -142,9 +201,21 @@ func (r demoReport) print(w io.Writer, restarts int64, took time.Duration) {
 	row("stock drift (units)", func(t tally) string { return itoa(int(t.stockDrift)) })
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\nworker processes SIGKILLed and restarted: %d; took %s\n", restarts, took.Round(time.Second))
+	if r.faults != "" {
+		fmt.Fprintln(w, r.faults)
+	}
+	fmt.Fprintf(w, "left over in oncekit's saga: %d ledger records pending past their lease, %d workflows still running\n",
+		r.stuckRecords, r.runningWorkflow)
 	for _, t := range r.tallies {
 		if t.firstErr != nil {
 			fmt.Fprintf(w, "%s saga, first unexpected failure: %v\n", t.mode, t.firstErr)
+		}
+		if t.mode == "oncekit" && len(t.unclean) > 0 {
+			shown := t.unclean
+			if len(shown) > 20 {
+				shown = shown[:20]
+			}
+			fmt.Fprintf(w, "%s saga, orders not clean (%d): %s\n", t.mode, len(t.unclean), strings.Join(shown, " "))
 		}
 	}
 	if r.ok() {
@@ -152,4 +223,25 @@ func (r demoReport) print(w io.Writer, restarts int64, took time.Duration) {
 	} else {
 		fmt.Fprintln(w, "oncekit saga: FAILED, see the table")
 	}
+}
+
+// checkLeftovers looks, after the run, for what oncekit's saga must not leave behind:
+// ledger records pending past their lease, and workflows still running.
+func (r *demoReport) checkLeftovers(ctx context.Context, pool *pgxpool.Pool, c client.Client) error {
+	l, err := ledger.New(pool, &ledger.Config{Schema: demoSchema})
+	if err != nil {
+		return err
+	}
+	st, err := l.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	r.stuckRecords = st.Stuck
+	resp, err := c.CountWorkflow(ctx, &workflowservice.CountWorkflowExecutionsRequest{
+		Query: "ExecutionStatus = 'Running' AND WorkflowType = '" + wfCheckout + "'"})
+	if err != nil {
+		return err
+	}
+	r.runningWorkflow = resp.GetCount()
+	return nil
 }

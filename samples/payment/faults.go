@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/oncekit/oncekit/devenv"
+)
+
+// faultConfig says which faults the demo injects into the servers it owns, besides the
+// faults of its orders. A zero interval turns a kind off.
+type faultConfig struct {
+	pgCrashEvery     time.Duration // PostgreSQL crash restarts (immediate mode)
+	pgDown           time.Duration // how long a crashed PostgreSQL stays down
+	backendKillEvery time.Duration // one client backend terminated
+	outageEvery      time.Duration // PostgreSQL down for outage
+	outage           time.Duration
+	temporalEvery    time.Duration // the Temporal dev server SIGKILLed and restarted
+}
+
+func (f faultConfig) any() bool {
+	return f.pgCrashEvery > 0 || f.backendKillEvery > 0 || f.outageEvery > 0 || f.temporalEvery > 0
+}
+
+// faultCounts counts the faults injected and the errors seen.
+type faultCounts struct {
+	pgCrashes, backendKills, outages, temporalCrashes atomic.Int64
+	errors                                            atomic.Int64
+	mu                                                sync.Mutex
+	lastErr                                           string
+}
+
+func (c *faultCounts) seen(err error) {
+	c.errors.Add(1)
+	c.mu.Lock()
+	c.lastErr = err.Error()
+	if len(c.lastErr) > 120 {
+		c.lastErr = c.lastErr[:120] + "..."
+	}
+	c.mu.Unlock()
+}
+
+func (c *faultCounts) String() string {
+	s := fmt.Sprintf("faults: %d PostgreSQL crashes, %d backend kills, %d outages, %d Temporal crashes",
+		c.pgCrashes.Load(), c.backendKills.Load(), c.outages.Load(), c.temporalCrashes.Load())
+	if n := c.errors.Load(); n > 0 {
+		c.mu.Lock()
+		s += fmt.Sprintf("; %d errors seen (last: %s)", n, c.lastErr)
+		c.mu.Unlock()
+	}
+	return s
+}
+
+// injectFaults injects fc's faults into env's servers until ctx ends. PostgreSQL crashes
+// and outages take turns; each kind runs at its interval, jittered by rnd.
+func injectFaults(ctx context.Context, env *devenv.Env, fc faultConfig, seed uint64, counts *faultCounts) {
+	var pgMu sync.Mutex // one PostgreSQL fault at a time
+	var wg sync.WaitGroup
+	every := func(interval time.Duration, stream uint64, fault func() error) {
+		if interval <= 0 {
+			return
+		}
+		rnd := rand.New(rand.NewPCG(seed, stream))
+		wg.Go(func() {
+			for {
+				jitter := time.Duration(rnd.Int64N(int64(interval)/2+1)) - interval/4
+				t := time.NewTimer(interval + jitter)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+				if err := fault(); err != nil && !errors.Is(err, context.Canceled) {
+					counts.seen(fmt.Errorf("inject a fault: %w", err))
+				}
+			}
+		})
+	}
+	pgFault := func(down time.Duration, n *atomic.Int64) func() error {
+		return func() error {
+			pgMu.Lock()
+			defer pgMu.Unlock()
+			n.Add(1)
+			return env.CrashPostgres(ctx, down)
+		}
+	}
+	every(fc.pgCrashEvery, 1, pgFault(fc.pgDown, &counts.pgCrashes))
+	every(fc.outageEvery, 2, pgFault(fc.outage, &counts.outages))
+	killRnd := rand.New(rand.NewPCG(seed, 3))
+	var killMu sync.Mutex
+	every(fc.backendKillEvery, 4, func() error {
+		if !pgMu.TryLock() {
+			return nil // PostgreSQL is down or restarting
+		}
+		defer pgMu.Unlock()
+		killMu.Lock()
+		defer killMu.Unlock()
+		killed, err := env.KillBackend(ctx, func(n int) int { return killRnd.IntN(n) })
+		if killed {
+			counts.backendKills.Add(1)
+		}
+		return err
+	})
+	every(fc.temporalEvery, 5, func() error {
+		counts.temporalCrashes.Add(1)
+		return env.CrashTemporal(ctx, 2*time.Second)
+	})
+	wg.Wait()
+}
+
+func (f faultConfig) String() string {
+	var parts []string
+	if f.pgCrashEvery > 0 {
+		parts = append(parts, fmt.Sprintf("PostgreSQL crash-restarted every ~%s (down %s)", f.pgCrashEvery, f.pgDown))
+	}
+	if f.backendKillEvery > 0 {
+		parts = append(parts, fmt.Sprintf("a backend killed every ~%s", f.backendKillEvery))
+	}
+	if f.outageEvery > 0 {
+		parts = append(parts, fmt.Sprintf("a %s PostgreSQL outage every ~%s", f.outage, f.outageEvery))
+	}
+	if f.temporalEvery > 0 {
+		parts = append(parts, fmt.Sprintf("the Temporal dev server SIGKILLed and restarted every ~%s", f.temporalEvery))
+	}
+	return strings.Join(parts, ", ")
+}
