@@ -7,13 +7,18 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: help demo test bench bench-check lint fmt fuzz temporal-cli
+.PHONY: help demo soak test bench bench-check lint fmt fuzz temporal-cli
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 demo: temporal-cli ## Run the payment-saga demo: 300 orders with injected faults, oncekit beside a naive saga.
 	$(GO) run ./samples/payment $(DEMO_FLAGS)
+
+SOAK_FLAGS ?= -orders 10000 -naive=false -concurrency 200 -kill-every 200 -pg-crash-every 45s -pg-down 1s \
+	-backend-kill-every 5s -outage-every 5m -outage 30s -temporal-crash-every 4m -seed 1
+soak: temporal-cli ## The payment saga for 10,000 orders under faults injected into PostgreSQL and Temporal (about 25 minutes).
+	$(GO) run ./samples/payment $(SOAK_FLAGS)
 
 test: temporal-cli ## Run every test under -race, against a throwaway PostgreSQL and a Temporal dev server.
 	$(GO) test -race -count=1 -timeout 20m ./...

@@ -139,7 +139,9 @@ var ErrNotOwned = errors.New("oncekit/devenv: this server was not started here; 
 func (e *Env) OwnsPostgres() bool { return e.cluster != nil }
 
 // OwnsTemporal: see [Env.OwnsPostgres].
-func (e *Env) OwnsTemporal() bool { return e.dev != nil && e.TemporalAddress != "" && os.Getenv("TEMPORAL_ADDRESS") == "" }
+func (e *Env) OwnsTemporal() bool {
+	return e.dev != nil && e.TemporalAddress != "" && os.Getenv("TEMPORAL_ADDRESS") == ""
+}
 
 // CrashPostgres stops PostgreSQL as a crash would (immediate shutdown: every connection
 // dropped, crash recovery at the next start), keeps it down for down, and starts it.
