@@ -327,3 +327,43 @@ func TestDo_StepsHaveBoundedRetries(t *testing.T) {
 		require.EqualValues(t, policy.CompensationDeadlineDefault, deadline.Load())
 	}
 }
+
+// While a compensation runs (here: one that waits, as one retrying through an outage
+// would), the workflow answers the status query with the compensation in flight.
+func TestRun_StatusQueryShowsCompensationInFlight(t *testing.T) {
+	t.Parallel()
+	k := newBank(t)
+	k.failNotify.Store(true)
+	inUndo, release := make(chan struct{}), make(chan struct{})
+	env := k.bundle.env(nil)
+	env.RegisterWorkflowWithOptions(transferWorkflow, workflow.RegisterOptions{Name: "transfer"})
+	for _, step := range []string{"withdraw", "deposit", "notify"} {
+		env.RegisterActivityWithOptions(k.act(step), tactivity.RegisterOptions{Name: step})
+	}
+	var once sync.Once
+	env.RegisterActivityWithOptions(func(ctx context.Context, name string, p plan) error {
+		if name == "deposit" {
+			once.Do(func() { close(inUndo) })
+			<-release
+		}
+		return k.undo(ctx, name, p)
+	}, tactivity.RegisterOptions{Name: "undo"})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		env.ExecuteWorkflow("transfer", transfer{ID: "t-status", Amount: 1})
+	}()
+	<-inUndo
+	v, err := env.QueryWorkflow(saga.QueryStatus)
+	require.NoError(t, err)
+	var st saga.Status
+	require.NoError(t, v.Get(&st))
+	require.Equal(t, "compensating", st.Phase)
+	require.Equal(t, []string{"deposit"}, st.Compensating)
+	require.Equal(t, []string{"notify: ok"}, st.Compensated)
+	require.Equal(t, []string{"withdraw", "deposit", "notify"}, st.Steps)
+	require.False(t, st.Since.IsZero())
+	close(release)
+	<-done
+	require.Error(t, env.GetWorkflowError())
+}

@@ -74,6 +74,10 @@ func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, 
 	if err != nil {
 		return zero, err
 	}
+	s.status = Status{Key: s.key, Phase: "running"}
+	if err := workflow.SetQueryHandler(ctx, QueryStatus, func() (Status, error) { return s.status, nil }); err != nil {
+		return zero, err
+	}
 	req, err := s.beginRequest(ctx)
 	if err != nil {
 		return zero, err
@@ -84,6 +88,7 @@ func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, 
 		return zero, err
 	}
 	if begun.Ended {
+		s.status.Phase = "ended"
 		return replay[T](begun)
 	}
 	out, err := fn(ctx, s)
@@ -100,6 +105,7 @@ func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, 
 		err = cerr.ApplicationError()
 		end = Recorded{Ended: true, ErrType: cerr.errType(), ErrMessage: err.Error()}
 	}
+	s.status.Phase, s.status.Compensating = "ended", nil
 	// Record the outcome even when the workflow was cancelled meanwhile.
 	dctx, _ := workflow.NewDisconnectedContext(ctx)
 	dctx = workflow.WithActivityOptions(dctx, recordOptions())

@@ -3,6 +3,7 @@ package saga
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -82,6 +83,30 @@ type Saga struct {
 	opts        Opts
 	comps       []compensation
 	compensated *CompensationError
+	status      Status
+}
+
+// QueryStatus is the name of the workflow query [Run] answers with the saga's [Status],
+// so that an operator sees a compensation that is still retrying through an outage:
+//
+//	temporal workflow query --workflow-id ID --type oncekit.saga.status
+const QueryStatus = "oncekit.saga.status"
+
+// Status is where a saga stands, as [QueryStatus] answers.
+type Status struct {
+	Key keys.Key `json:"key"`
+	// Phase is "running" (forward steps), "compensating" or "ended".
+	Phase string `json:"phase"`
+	// Steps are the steps run so far, in order.
+	Steps []string `json:"steps,omitempty"`
+	// Compensating names the compensation in flight (or, in parallel, the ones not yet
+	// finished), and Since says when compensation began: a compensation retrying
+	// through an outage shows here for as long as it retries.
+	Compensating []string  `json:"compensating,omitempty"`
+	Since        time.Time `json:"since,omitzero"`
+	// Compensated lists the compensations that finished, each "step: ok" or
+	// "step: failed".
+	Compensated []string `json:"compensated,omitempty"`
 }
 
 type compensation struct {
@@ -159,6 +184,7 @@ func (s *Saga) Do(ctx workflow.Context, step Step, result any) error {
 		// Registered before the step runs: a step with an unknown outcome is compensated too.
 		s.comps = append(s.comps, compensation{step: ref, name: step.Name, key: compKey, act: step.Compensation, args: args})
 	}
+	s.status.Steps = append(s.status.Steps, step.Name)
 	ctx = withStepOptions(ctx)
 	f := workflow.ExecuteActivity(workflow.WithValue(ctx, keys.KeyContextKey, stepKey), step.Activity, step.Args...)
 	return f.Get(ctx, result)
@@ -196,17 +222,30 @@ func (s *Saga) Compensate(ctx workflow.Context, cause error) error {
 		cctx := workflow.WithValue(workflow.WithValue(dctx, keys.KeyContextKey, c.key), keys.StepContextKey, c.step)
 		return workflow.ExecuteActivity(cctx, c.act, c.args...)
 	}
+	s.status.Phase, s.status.Since = "compensating", workflow.Now(ctx)
+	finished := func(i int) {
+		s.status.Compensating = slices.DeleteFunc(s.status.Compensating, func(n string) bool { return n == s.comps[i].name })
+		result := "ok"
+		if outcomes[i].Err != nil {
+			result = "failed"
+		}
+		s.status.Compensated = append(s.status.Compensated, s.comps[i].name+": "+result)
+	}
 	if s.opts.Parallel {
 		futures := make([]workflow.Future, len(s.comps))
 		for i := len(s.comps) - 1; i >= 0; i-- {
 			futures[i] = run(i)
+			s.status.Compensating = append(s.status.Compensating, s.comps[i].name)
 		}
 		for i := len(s.comps) - 1; i >= 0; i-- {
 			outcomes[i].Err = futures[i].Get(dctx, nil)
+			finished(i)
 		}
 	} else {
 		for i := len(s.comps) - 1; i >= 0; i-- {
+			s.status.Compensating = []string{s.comps[i].name}
 			outcomes[i].Err = run(i).Get(dctx, nil)
+			finished(i)
 		}
 	}
 	// Report in the order compensations ran: last step first.
