@@ -42,7 +42,7 @@ func TestCheck_CatchesWrongDownstreamKey(t *testing.T) {
 			c := testsuite.Case[chargeReq]{Name: tc.name, Activity: charge, Request: chargeReq{OrderID: "o-1", Amount: 100}, Ledger: l, Provider: prov}
 			reps, err := testsuite.RunCrashPoints(c)
 			require.NoError(t, err)
-			require.Len(t, reps, 3, "an External activity is crashed at every point")
+			require.Len(t, reps, 4, "an External activity is crashed at every point it reaches (not before-commit)")
 			byPoint := map[testsuite.CrashPoint]error{}
 			effects := map[testsuite.CrashPoint]int{}
 			for _, r := range reps {
@@ -191,4 +191,21 @@ func TestExternal_NotAppliedReleasesTheKey(t *testing.T) {
 	require.False(t, seen[1].Redrive, "a released key is claimed afresh, not re-driven")
 	require.Equal(t, 1, seen[1].Attempt)
 	require.Equal(t, 1, prov.Effects())
+}
+
+// A Do activity is also crashed before its effect and with its writes done but not
+// committed: either way the retry writes once.
+func TestCheck_DoActivityBeforeCommit(t *testing.T) {
+	t.Parallel()
+	l, pool := setup(t)
+	reps, err := testsuite.RunCrashPoints(testsuite.Case[reserveReq]{Name: "inventory.reserve", Activity: reserveOrder,
+		Request: reserveReq{OrderID: "o-bc", SKU: "pen", Qty: 1}, Ledger: l,
+		Effects: func(ctx context.Context) (int, error) { return countWhere(ctx, pool, "reservations", "o-bc") }})
+	require.NoError(t, err)
+	points := map[testsuite.CrashPoint]int{}
+	for _, r := range reps {
+		require.NoError(t, r.Problem())
+		points[r.Point] = r.Effects
+	}
+	require.Equal(t, map[testsuite.CrashPoint]int{testsuite.AfterEffect: 1, testsuite.BeforeEffect: 1, testsuite.BeforeCommit: 1}, points)
 }

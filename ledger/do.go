@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncekit/oncekit/internal/faultpoint"
 	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/keys"
 )
@@ -289,6 +290,11 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lo
 				return Result{}, errors.Join(err, aerr), true
 			}
 			return Result{}, err, true
+		}
+		if faultpoint.At(ctx, faultpoint.BeforeCommit, nil, nil) == faultpoint.Crash {
+			// A test's fault plan: the process dies with fn's writes done and not
+			// committed; PostgreSQL rolls them back with the connection.
+			return Result{}, errors.Join(faultpoint.ErrCrashed, lt.abort(cleanup, p)), true
 		}
 		what = "store result"
 		created, err = finish(ctx, lt, p, l.q.insertCompleted, l.completedArgs(in, resp, retention))

@@ -86,6 +86,8 @@ func (r Report) Problem() error {
 		return fmt.Errorf("at %s: the retry called the provider with another idempotency key (%q): send activity.Call.DownstreamKey", r.Point, r.Keys)
 	case r.Effects != 1:
 		return fmt.Errorf("at %s: the effect happened %d times across the crash and the retry, want exactly 1", r.Point, r.Effects)
+	case r.Point == BeforeEffect || r.Point == BeforeCommit:
+		return nil // the crashed attempt produced nothing to compare with
 	case !r.SameResult():
 		return fmt.Errorf("at %s: the retry returned %s, but the crashed attempt had produced %s", r.Point, r.Result, r.CrashedResult)
 	}
@@ -103,8 +105,9 @@ func RunCrashBeforeComplete[Req any](c Case[Req]) (Report, error) {
 	return reps[0], nil
 }
 
-// RunCrashPoints runs c's activity once per crash point it reaches: at [AfterEffect],
-// and for an activity built on activity.External at [AfterCall] and [LostAnswer] too.
+// RunCrashPoints runs c's activity once per crash point it reaches: at [AfterEffect] and
+// [BeforeEffect], at [BeforeCommit] for an activity built on activity.Do, and at
+// [AfterCall] and [LostAnswer] for one built on activity.External.
 // Each run crashes the first attempt at its point and lets Temporal retry.
 func RunCrashPoints[Req any](c Case[Req]) ([]Report, error) {
 	return runCrashPoints(c, CrashPoints)
@@ -127,7 +130,7 @@ func runCrashPoints[Req any](c Case[Req], points []CrashPoint) ([]Report, error)
 			if i == 0 {
 				return nil, fmt.Errorf("oncekit/testsuite: %s never reached %s", c.Name, point)
 			}
-			break // not an external activity: the later points do not apply
+			continue // not an activity of that kind: the point does not apply
 		}
 		reps = append(reps, rep)
 	}

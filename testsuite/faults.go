@@ -16,9 +16,15 @@ import (
 // CrashPoint is where an injected fault strikes an activity attempt.
 type CrashPoint string
 
-// The crash points. An activity reaches AfterEffect always; an activity built on
-// activity.External also reaches AfterCall and LostAnswer, once per call.
+// The crash points. Every activity reaches BeforeEffect and AfterEffect; an activity
+// built on activity.Do also reaches BeforeCommit; one built on activity.External also
+// reaches AfterCall and LostAnswer, once per call.
 const (
+	// BeforeEffect: the worker died as the attempt started, before anything happened.
+	BeforeEffect CrashPoint = "before-effect"
+	// BeforeCommit: the activity's writes are done and the worker died before the
+	// ledger's transaction committed them; PostgreSQL rolls them back.
+	BeforeCommit CrashPoint = "before-commit"
 	// AfterEffect: the activity ran to completion, effect and all, and its worker died
 	// before reporting: the completion never reaches Temporal, which retries.
 	AfterEffect CrashPoint = "after-effect"
@@ -33,7 +39,7 @@ const (
 )
 
 // CrashPoints lists every crash point, in the order [CheckCrashBeforeComplete] tries them.
-var CrashPoints = []CrashPoint{AfterEffect, AfterCall, LostAnswer}
+var CrashPoints = []CrashPoint{AfterEffect, AfterCall, LostAnswer, BeforeEffect, BeforeCommit}
 
 // FaultPlan says which activity attempts crash, and where. It is safe for concurrent use.
 type FaultPlan struct {
@@ -138,8 +144,15 @@ type faultActivity struct {
 func (a *faultActivity) ExecuteActivity(ctx context.Context, in *interceptor.ExecuteActivityInput) (any, error) {
 	info := tactivity.GetInfo(ctx)
 	typ, attempt := info.ActivityType.Name, info.Attempt
-	ctx = faultpoint.With(ctx, func(_ context.Context, _ faultpoint.Point, result any, err error) faultpoint.Fault {
+	if a.plan.strike(typ, attempt, BeforeEffect, nil, nil) {
+		return nil, temporal.NewApplicationError("oncekit/testsuite: injected crash: the attempt's worker died as it started", policy.ErrTypeWorkerCrashed)
+	}
+	ctx = faultpoint.With(ctx, func(_ context.Context, point faultpoint.Point, result any, err error) faultpoint.Fault {
 		switch {
+		case point == faultpoint.BeforeCommit:
+			if a.plan.strike(typ, attempt, BeforeCommit, nil, nil) {
+				return faultpoint.Crash
+			}
 		case a.plan.strike(typ, attempt, AfterCall, result, err):
 			return faultpoint.Crash
 		case a.plan.strike(typ, attempt, LostAnswer, result, err):

@@ -15,6 +15,8 @@ type Point string
 const (
 	// AfterCall: activity.External's call returned and its outcome is not recorded yet.
 	AfterCall Point = "after-call"
+	// BeforeCommit: the ledger's Do ran fn, whose writes are done and not committed.
+	BeforeCommit Point = "before-commit"
 )
 
 // Fault is what the hook decides at a point.
