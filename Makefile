@@ -17,7 +17,7 @@ demo: temporal-cli ## Run the payment-saga demo: 300 orders with injected faults
 
 SOAK_FLAGS ?= -orders 10000 -naive=false -concurrency 200 -kill-every 200 -pg-crash-every 45s -pg-down 1s \
 	-backend-kill-every 5s -outage-every 5m -outage 30s -temporal-crash-every 4m -seed 1
-soak: temporal-cli ## The payment saga for 10,000 orders under faults injected into PostgreSQL and Temporal (about 25 minutes).
+soak: temporal-cli ## The payment saga for 10,000 orders under faults injected into PostgreSQL and Temporal (about 20 minutes).
 	$(GO) run ./samples/payment $(SOAK_FLAGS)
 
 test: temporal-cli ## Run every test under -race, against a throwaway PostgreSQL and a Temporal dev server.

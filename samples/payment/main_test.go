@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"os"
 	"testing"
 	"time"
@@ -47,4 +49,50 @@ func TestSoakShort(t *testing.T) {
 	for _, kind := range []string{" 0 PostgreSQL crashes", " 0 backend kills", " 0 outages", " 0 Temporal crashes"} {
 		require.NotContains(t, rep.faults, kind, "every fault kind was injected at least once")
 	}
+}
+
+// An interrupted run (here, by -duration) stops submitting, waits for the orders in
+// flight, and reports the ones it submitted; a grace too short to finish them leaves
+// them unfinished, and the verdict says so with their IDs.
+func TestInterruptedRun(t *testing.T) {
+	rep, err := run(config{orders: 2000, concurrency: 20, killEvery: 0, duration: 3 * time.Second, grace: time.Minute})
+	require.NoError(t, err)
+	got := rep.tallies[0]
+	require.Positive(t, got.orders)
+	require.Less(t, got.orders, 2000, "it stopped submitting")
+	require.Zero(t, got.unfinished, "the orders in flight finished within the grace")
+	require.True(t, rep.ok())
+
+	rep, err = run(config{orders: 2000, concurrency: 20, killEvery: 0, duration: 2 * time.Second, grace: time.Millisecond})
+	require.NoError(t, err)
+	got = rep.tallies[0]
+	require.Positive(t, got.unfinished+int(rep.runningWorkflow), "some orders were still in flight when the grace ran out")
+	require.False(t, rep.ok(), "an unfinished run is not a clean one")
+	require.NotEmpty(t, got.unclean)
+}
+
+// Setup and the report retry a failing step, and name it when they give up.
+func TestRetryNamesTheStep(t *testing.T) {
+	tries := 0
+	require.NoError(t, retry(context.Background(), "set up", func() error {
+		tries++
+		if tries < 3 {
+			return errors.New("terminating connection due to administrator command (SQLSTATE 57P01)")
+		}
+		return nil
+	}))
+	require.Equal(t, 3, tries)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := retry(ctx, "count the outcomes in the database", func() error { return errors.New("connection refused") })
+	require.ErrorContains(t, err, "count the outcomes in the database: connection refused")
+}
+
+// The progress line names every fault kind and the last error seen.
+func TestFaultCountsLine(t *testing.T) {
+	var c faultCounts
+	c.pgCrashes.Add(2)
+	c.backendKills.Add(5)
+	c.seen(errors.New("start checkout-1: connection refused"))
+	require.Equal(t, "faults: 2 PostgreSQL crashes, 5 backend kills, 0 outages, 0 Temporal crashes; 1 errors seen (last: start checkout-1: connection refused)", c.String())
 }

@@ -61,12 +61,7 @@ func runWorker(ctx context.Context) error {
 
 	queue := os.Getenv(envQueue)
 	w := tworker.New(c, queue, tworker.Options{})
-	w.RegisterWorkflowWithOptions(CheckoutWorkflow, workflow.RegisterOptions{Name: wfCheckout})
-	w.RegisterActivityWithOptions(d.reserve, tactivity.RegisterOptions{Name: actReserve})
-	w.RegisterActivityWithOptions(d.release, tactivity.RegisterOptions{Name: actRelease})
-	w.RegisterActivityWithOptions(d.charge, tactivity.RegisterOptions{Name: actCharge})
-	w.RegisterActivityWithOptions(d.refund, tactivity.RegisterOptions{Name: actRefund})
-	w.RegisterActivityWithOptions(d.ship, tactivity.RegisterOptions{Name: actShip})
+	registerCheckout(w, d)
 	w.RegisterWorkflowWithOptions(NaiveCheckoutWorkflow, workflow.RegisterOptions{Name: wfNaiveCheckout})
 	w.RegisterActivityWithOptions(d.naiveReserve, tactivity.RegisterOptions{Name: "naive." + actReserve})
 	w.RegisterActivityWithOptions(d.naiveRelease, tactivity.RegisterOptions{Name: "naive." + actRelease})
@@ -79,4 +74,14 @@ func runWorker(ctx context.Context) error {
 	<-ctx.Done()
 	w.Stop()
 	return nil
+}
+
+// registerCheckout registers oncekit's saga: its workflow and activities.
+func registerCheckout(w tworker.Worker, d *deps) {
+	w.RegisterWorkflowWithOptions(CheckoutWorkflow, workflow.RegisterOptions{Name: wfCheckout})
+	w.RegisterActivityWithOptions(d.reserve, tactivity.RegisterOptions{Name: actReserve})
+	w.RegisterActivityWithOptions(d.release, tactivity.RegisterOptions{Name: actRelease})
+	w.RegisterActivityWithOptions(d.charge, tactivity.RegisterOptions{Name: actCharge})
+	w.RegisterActivityWithOptions(d.refund, tactivity.RegisterOptions{Name: actRefund})
+	w.RegisterActivityWithOptions(d.ship, tactivity.RegisterOptions{Name: actShip})
 }
