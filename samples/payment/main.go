@@ -111,10 +111,10 @@ func run(cfg config) (demoReport, error) {
 		}
 	}()
 	if (cfg.faults.pgCrashEvery > 0 || cfg.faults.backendKillEvery > 0 || cfg.faults.outageEvery > 0) && !tmp.OwnsPostgres() {
-		return demoReport{}, errors.New("PostgreSQL faults need the demo's own server: unset DATABASE_URL")
+		return demoReport{}, errors.New("faults in PostgreSQL need the demo's own server: unset DATABASE_URL")
 	}
 	if cfg.faults.temporalEvery > 0 && !tmp.OwnsTemporal() {
-		return demoReport{}, errors.New("Temporal faults need the demo's own dev server: unset TEMPORAL_ADDRESS")
+		return demoReport{}, errors.New("faults in Temporal need the demo's own dev server: unset TEMPORAL_ADDRESS")
 	}
 	fmt.Printf("PostgreSQL ready; Temporal at %s", tmp.TemporalAddress)
 	if tmp.UIAddress != "" {
