@@ -6,6 +6,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/oncekit/oncekit/internal/otelx"
 )
 
 // InstrumentationName names the meter of the inbox.
@@ -26,14 +28,12 @@ type telemetry struct {
 }
 
 func newTelemetry(c *Config) (*telemetry, error) {
-	t := &telemetry{log: c.Logger}
-	if t.log == nil {
-		t.log = slog.New(slog.DiscardHandler)
-	}
-	if c.MeterProvider == nil {
+	o := otelx.New(InstrumentationName, c.MeterProvider, nil, c.Logger)
+	t := &telemetry{log: o.Log}
+	m := o.Meter
+	if m == nil {
 		return t, nil
 	}
-	m := c.MeterProvider.Meter(InstrumentationName)
 	var err error
 	if t.messages, err = m.Int64Counter("oncekit.inbox.messages", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages, by subscriber and outcome (handled, duplicate, rejected, error).")); err != nil {

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/oncekit/oncekit/internal/otelx"
 	"github.com/oncekit/oncekit/keys"
 )
 
@@ -72,17 +73,12 @@ type telemetry struct {
 }
 
 func newTelemetry(c *Config) (*telemetry, error) {
-	t := &telemetry{log: c.Logger}
-	if t.log == nil {
-		t.log = slog.New(slog.DiscardHandler)
-	}
-	if c.TracerProvider != nil {
-		t.tracer = c.TracerProvider.Tracer(InstrumentationName)
-	}
-	if c.MeterProvider == nil {
+	o := otelx.New(InstrumentationName, c.MeterProvider, c.TracerProvider, c.Logger)
+	t := &telemetry{log: o.Log, tracer: o.Tracer}
+	m := o.Meter
+	if m == nil {
 		return t, nil
 	}
-	m := c.MeterProvider.Meter(InstrumentationName)
 	var err error
 	if t.calls, err = m.Int64Counter("oncekit.ledger.calls", metric.WithUnit("{call}"),
 		metric.WithDescription("Ledger calls, by operation and outcome (first, replay, key_reused, in_progress, redrive, ...).")); err != nil {

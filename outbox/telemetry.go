@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/oncekit/oncekit/internal/otelx"
 )
 
 // InstrumentationName names the meter and tracer of the outbox.
@@ -33,17 +35,12 @@ type telemetry struct {
 }
 
 func newTelemetry(c *Config, o *Outbox) (*telemetry, error) {
-	t := &telemetry{log: c.Logger}
-	if t.log == nil {
-		t.log = slog.New(slog.DiscardHandler)
-	}
-	if c.TracerProvider != nil {
-		t.tracer = c.TracerProvider.Tracer(InstrumentationName)
-	}
-	if c.MeterProvider == nil {
+	o2 := otelx.New(InstrumentationName, c.MeterProvider, c.TracerProvider, c.Logger)
+	t := &telemetry{log: o2.Log, tracer: o2.Tracer}
+	m := o2.Meter
+	if m == nil {
 		return t, nil
 	}
-	m := c.MeterProvider.Meter(InstrumentationName)
 	var err error
 	if t.published, err = m.Int64Counter("oncekit.outbox.published", metric.WithUnit("{event}"),
 		metric.WithDescription("Events published, by topic.")); err != nil {

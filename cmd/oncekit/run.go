@@ -355,26 +355,26 @@ func view(r ledger.Record) recordView {
 	return v
 }
 
-func (c *cli) record(args []string) (*ledger.Ledger, keys.Scope, keys.Key, error) {
-	scope := keys.Scope{Tenant: args[0], Operation: args[1]}
-	l, err := c.ledger()
-	return l, scope, keys.Key(args[2]), err
-}
-
-func (c *cli) inspect(args []string) error {
-	fs := c.flags("inspect")
+// record parses TENANT OPERATION KEY and reads that record.
+func (c *cli) record(fs *flag.FlagSet, args []string) (*ledger.Ledger, *ledger.Record, error) {
 	pos, err := parse(fs, args, 3, "TENANT OPERATION KEY")
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	l, scope, key, err := c.record(pos)
+	scope, key := keys.Scope{Tenant: pos[0], Operation: pos[1]}, keys.Key(pos[2])
+	l, err := c.ledger()
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	r, err := l.Get(c.ctx, scope, key)
 	if errors.Is(err, ledger.ErrNotFound) {
-		return exitError{exitNotFound, fmt.Sprintf("no record of key %q in %s (check the tenant and operation; oncekit list --tenant %s shows what there is)", key, scope, scope.Tenant)}
+		return nil, nil, exitError{exitNotFound, fmt.Sprintf("no record of key %q in %s (check the tenant and operation; oncekit list --tenant %s shows what there is)", key, scope, scope.Tenant)}
 	}
+	return l, r, err
+}
+
+func (c *cli) inspect(args []string) error {
+	_, r, err := c.record(c.flags("inspect"), args)
 	if err != nil {
 		return err
 	}
@@ -449,21 +449,11 @@ func (c *cli) list(args []string) error {
 func (c *cli) change(args []string, what string) error {
 	fs := c.flags(what)
 	yes := fs.Bool("yes", false, "do it")
-	pos, err := parse(fs, args, 3, "TENANT OPERATION KEY")
+	l, r, err := c.record(fs, args)
 	if err != nil {
 		return err
 	}
-	l, scope, key, err := c.record(pos)
-	if err != nil {
-		return err
-	}
-	r, err := l.Get(c.ctx, scope, key)
-	if errors.Is(err, ledger.ErrNotFound) {
-		return exitError{exitNotFound, fmt.Sprintf("no record of key %q in %s", key, scope)}
-	}
-	if err != nil {
-		return err
-	}
+	scope, key := r.Scope, r.Key
 	wantPending := what == "release"
 	if (r.State == ledger.StatePending) != wantPending {
 		hint := "evict it instead"
