@@ -34,6 +34,16 @@ type faultCounts struct {
 	errors                                            atomic.Int64
 	mu                                                sync.Mutex
 	lastErr                                           string
+	injecting                                         bool // server faults are configured
+}
+
+// progress is what the progress line adds: the faults and errors, when there are any to
+// speak of.
+func (c *faultCounts) progress() string {
+	if !c.injecting && c.errors.Load() == 0 {
+		return ""
+	}
+	return "; " + c.String()
 }
 
 func (c *faultCounts) seen(err error) {

@@ -164,7 +164,7 @@ func run(cfg config) (demoReport, error) {
 		countIf(orders, func(o Order) bool { return o.LoseChargeResponse }),
 		countIf(orders, func(o Order) bool { return o.ShippingFails }),
 		countIf(orders, func(o Order) bool { return o.LoseRefundResponse }), countTwice(len(orders)))
-	counts := &faultCounts{}
+	counts := &faultCounts{injecting: cfg.faults.any()}
 	faultCtx, stopFaults := context.WithCancel(context.WithoutCancel(ctx))
 	faultsDone := make(chan struct{})
 	if cfg.faults.any() {
@@ -194,7 +194,9 @@ func run(cfg config) (demoReport, error) {
 	if err := retry(reportCtx, "check for leftovers", func() error { return rep.checkLeftovers(reportCtx, pool, c) }); err != nil {
 		return demoReport{}, err
 	}
-	rep.faults = counts.String()
+	if counts.progress() != "" {
+		rep.faults = counts.String()
+	}
 	fmt.Println()
 	rep.print(os.Stdout, sup.restarts.Load(), time.Since(start))
 	sup.stop() // the workers write their last counts as they stop
@@ -270,11 +272,12 @@ func checkout(ctx context.Context, c client.Client, queue string, orders []Order
 	})
 	defer stopWaiting()
 	var done, submitted atomic.Int64
+	total := len(orders) * len(modes)
 	ticker := time.NewTicker(3 * time.Second)
 	defer ticker.Stop()
 	go func() {
 		for range ticker.C {
-			fmt.Printf("  %d/%d checkouts finished, worker restarted %d times; %s\n", done.Load(), submitted.Load(), sup.restarts.Load(), counts)
+			fmt.Printf("  %d/%d checkouts finished (%d submitted), worker restarted %d times%s\n", done.Load(), total, submitted.Load(), sup.restarts.Load(), counts.progress())
 			pctx, cancel := context.WithTimeout(waitCtx, time.Second)
 			if err := pool.Ping(pctx); err != nil && waitCtx.Err() == nil {
 				fmt.Printf("  PostgreSQL is unreachable: %v\n", err)
@@ -305,7 +308,7 @@ submit:
 		}
 	}
 	wg.Wait()
-	fmt.Printf("  %d/%d checkouts finished, worker restarted %d times; %s\n", done.Load(), submitted.Load(), sup.restarts.Load(), counts)
+	fmt.Printf("  %d/%d checkouts finished (%d submitted), worker restarted %d times%s\n", done.Load(), total, submitted.Load(), sup.restarts.Load(), counts.progress())
 	return out
 }
 
