@@ -24,7 +24,7 @@ const PurposeDefault = "downstream"
 
 // Opts are per-call options. A nil *Opts means all defaults.
 type Opts struct {
-	// Ledger is the ledger to record in. Defaults to the one the oncekit worker put in
+	// Ledger is the ledger to record in. Defaults to the one oncekit's worker plugin put in
 	// the activity's context (see package worker).
 	Ledger *ledger.Ledger
 	// Tenant scopes the key. Defaults to the tenant propagated from the workflow (see
@@ -55,7 +55,7 @@ func Definitive(code, message string) error { return ledger.Definitive(code, mes
 
 type ledgerKey struct{}
 
-// WithLedger returns a copy of ctx carrying l for [Do] and [External]. The oncekit worker
+// WithLedger returns a copy of ctx carrying l for [Do] and [External]. oncekit's worker plugin
 // does this for every activity it runs.
 func WithLedger(ctx context.Context, l *ledger.Ledger) context.Context {
 	return context.WithValue(ctx, ledgerKey{}, l)
@@ -118,7 +118,7 @@ func resolve(ctx context.Context, o Opts) (*guard, error) {
 		l = LedgerFrom(ctx)
 	}
 	if l == nil {
-		return nil, invalid(errors.New("oncekit/activity: no ledger: run the activity on an oncekit worker, or set Opts.Ledger"))
+		return nil, invalid(errors.New("oncekit/activity: no ledger: run the activity on a worker with oncekit's plugin (worker.NewPlugin), or set Opts.Ledger"))
 	}
 	tenant := o.Tenant
 	if tenant == "" {

@@ -21,7 +21,7 @@ type Registry interface {
 }
 
 // RegisterSaga registers the activities that package saga records outcomes with
-// ([saga.ActivityBegin] and [saga.ActivityEnd]) on r. worker.New and the testsuite
+// ([saga.ActivityBegin] and [saga.ActivityEnd]) on r. worker.NewPlugin and the testsuite
 // environments do this; a worker built by hand calls it once.
 func RegisterSaga(r Registry) {
 	r.RegisterActivityWithOptions(sagaBegin, tactivity.RegisterOptions{Name: saga.ActivityBegin})

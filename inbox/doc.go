@@ -11,5 +11,5 @@
 // Delivery from a broker or an outbox is at least once; the inbox turns it into one
 // effect. Records are kept for [Config].Retention and purged in batches by
 // [Inbox.Purge]; a redelivery after that is handled as new. The table is created by
-// ledger.Migrate.
+// the inbox's migration line ([Migrations]; migrate.Up applies every line).
 package inbox

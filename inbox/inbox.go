@@ -23,7 +23,7 @@ const RetentionDefault = 14 * 24 * time.Hour
 
 // Config configures an [Inbox]. A nil *Config means all defaults.
 type Config struct {
-	// Schema holds the inbox table, as given to ledger.Migrate. Defaults to
+	// Schema holds the inbox table, as given to migrate.Up. Defaults to
 	// ledger.SchemaDefault.
 	Schema string
 	// Retention is how long a handled message is remembered; a negative one is refused.

@@ -30,7 +30,7 @@
 // workflow starts a saga of its own.
 //
 // The outcome is claimed and recorded through the activities [ActivityBegin] and
-// [ActivityEnd] on the ledger (registered by worker.New and the testsuite environments,
+// [ActivityEnd] on the ledger (registered by the worker plugin and the testsuite environments,
 // or by activity.RegisterSaga), so workflow code stays free of pgx. They retry like
 // compensations, so an outage delays the record instead of losing it.
 //

@@ -15,7 +15,7 @@ import (
 )
 
 // Names of the activities that record a saga's outcome in the ledger. Workers register
-// them (worker.New and testsuite environments do; see activity.RegisterSaga).
+// them (oncekit's worker plugin and the testsuite environments do; see activity.RegisterSaga).
 const (
 	// ActivityBegin claims the saga's key, or returns the outcome recorded under it.
 	ActivityBegin = "oncekit.saga.Begin"
