@@ -98,7 +98,7 @@ func newEnv(ctx context.Context, url string, conns int32, params map[string]stri
 //   - first_metered: first on a ledger whose metrics are recorded (an in-memory meter
 //     summing every counter), so metered_vs_first prices the instruments.
 var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_metered", "first_lookup", "first_claim", "replay", "replay_claim", "naive",
-	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout", "floor_ledger_record"}
+	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout", "floor_ledger_record", "floor_ledger_record_now"}
 
 // The probes price the statements a first execution could add to floor_pipelined, one
 // at a time: the savepoint, the advisory try-lock, the whole claim, claim and savepoint
@@ -182,6 +182,17 @@ func (e *env) ledgerFloorRecord() *pgx.QueuedQuery {
 		pgtype.Interval{Microseconds: (30 * 24 * time.Hour).Microseconds(), Valid: true}, 201, []byte(`{"status":"created"}`), nil}}
 }
 
+// ledgerFloorRecordNow is ledgerFloorRecord with the database clock written in, no clock
+// parameter: what the record would cost without the test clock's coalesce.
+func (e *env) ledgerFloorRecordNow() *pgx.QueuedQuery {
+	return &pgx.QueuedQuery{SQL: ledgerRecordNow, Arguments: []any{"bench", "orders.create", uuid.NewString(), string(e.fp),
+		pgtype.Interval{Microseconds: (30 * 24 * time.Hour).Microseconds(), Valid: true}, 201, []byte(`{"status":"created"}`), nil}}
+}
+
+const ledgerRecordNow = `INSERT INTO floor_records (tenant, operation, key, fingerprint, state, status_code, body, resource_ref, attempts, created_at, updated_at, expires_at)
+	VALUES ($1, $2, $3, $4, 'completed', $6, $7, $8, 1, now(), now(), now() + $5::interval)
+	RETURNING created_at`
+
 // ledgerRecord is the ledger's own record INSERT (its parameters, its expressions and
 // its RETURNING), aimed at the floor's table: floor_ledger_record is floor_pipelined
 // with it, so first against it is Do's Go code alone.
@@ -264,6 +275,7 @@ func (e *env) scenarios() []scenario {
 		{"probe_protocol", e.probe("probe_protocol")},
 		{"probe_lock_timeout", e.probe("probe_lock_timeout")},
 		{"floor_ledger_record", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.ledgerFloorRecord()) }},
+		{"floor_ledger_record_now", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.ledgerFloorRecordNow()) }},
 	}
 }
 
@@ -336,6 +348,7 @@ var ledgerRatios = [][3]string{
 	{"probe_lock_timeout_vs_floor", "probe_lock_timeout", "floor_pipelined"},
 	{"floor_ledger_record_vs_floor", "floor_ledger_record", "floor_pipelined"},
 	{"first_vs_floor_ledger_record", "first", "floor_ledger_record"},
+	{"floor_ledger_record_now_vs_floor", "floor_ledger_record_now", "floor_pipelined"},
 }
 
 // run measures on a fresh cluster per repetition (or a fresh schema, on DATABASE_URL),
