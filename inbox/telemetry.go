@@ -34,14 +34,11 @@ func newTelemetry(c *Config) (*telemetry, error) {
 	if m == nil {
 		return t, nil
 	}
-	var err error
-	if t.messages, err = m.Int64Counter("oncekit.inbox.messages", metric.WithUnit("{message}"),
-		metric.WithDescription("Messages, by subscriber and outcome (handled, duplicate, rejected, error).")); err != nil {
-		return nil, err
-	}
-	if t.purged, err = m.Int64Counter("oncekit.inbox.purge.deleted", metric.WithUnit("{message}"),
-		metric.WithDescription("Expired inbox records deleted by purges.")); err != nil {
-		return nil, err
+	in := otelx.Instruments{Meter: m}
+	t.messages = in.Counter("oncekit.inbox.messages", "{message}", "Messages, by subscriber and outcome (handled, duplicate, rejected, error).")
+	t.purged = in.Counter("oncekit.inbox.purge.deleted", "{message}", "Expired inbox records deleted by purges.")
+	if in.Err != nil {
+		return nil, in.Err
 	}
 	t.metrics = true
 	return t, nil

@@ -79,22 +79,14 @@ func newTelemetry(c *Config) (*telemetry, error) {
 	if m == nil {
 		return t, nil
 	}
-	var err error
-	if t.calls, err = m.Int64Counter("oncekit.ledger.calls", metric.WithUnit("{call}"),
-		metric.WithDescription("Ledger calls, by operation and outcome (first, replay, key_reused, in_progress, redrive, ...).")); err != nil {
-		return nil, err
-	}
-	if t.duration, err = m.Float64Histogram("oncekit.ledger.call.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of a ledger call, from its start to its commit or answer.")); err != nil {
-		return nil, err
-	}
-	if t.wait, err = m.Float64Histogram("oncekit.ledger.wait.duration", metric.WithUnit("s"),
-		metric.WithDescription("Time a call waited for another attempt holding its key.")); err != nil {
-		return nil, err
-	}
-	if t.purged, err = m.Int64Counter("oncekit.ledger.purge.deleted", metric.WithUnit("{record}"),
-		metric.WithDescription("Expired records deleted by purges.")); err != nil {
-		return nil, err
+	in := otelx.Instruments{Meter: m}
+	t.calls = in.Counter("oncekit.ledger.calls", "{call}",
+		"Ledger calls, by operation and outcome (first, replay, key_reused, in_progress, redrive, ...).")
+	t.duration = in.Histogram("oncekit.ledger.call.duration", "Duration of a ledger call, from its start to its commit or answer.")
+	t.wait = in.Histogram("oncekit.ledger.wait.duration", "Time a call waited for another attempt holding its key.")
+	t.purged = in.Counter("oncekit.ledger.purge.deleted", "{record}", "Expired records deleted by purges.")
+	if in.Err != nil {
+		return nil, in.Err
 	}
 	t.metrics = true
 	return t, nil

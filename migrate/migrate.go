@@ -57,6 +57,17 @@ func Up(ctx context.Context, db interface {
 	return res, err
 }
 
+// Versions returns the newest applied version of each migration line in schema (default
+// ledger.SchemaDefault), such as {"ledger": 2, "outbox": 2}.
+func Versions(ctx context.Context, q interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, schema string) (map[string]int, error) {
+	if schema == "" {
+		schema = ledger.SchemaDefault
+	}
+	return migrate.Versions(ctx, q, schema)
+}
+
 // Script returns every line as one plain SQL script for psql or another migration
 // tool: it creates schema (default ledger.SchemaDefault), sets the search_path, and
 // applies and records every file. Each file is safe to run more than once, so the script

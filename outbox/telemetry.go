@@ -35,36 +35,24 @@ type telemetry struct {
 }
 
 func newTelemetry(c *Config, o *Outbox) (*telemetry, error) {
-	o2 := otelx.New(InstrumentationName, c.MeterProvider, c.TracerProvider, c.Logger)
-	t := &telemetry{log: o2.Log, tracer: o2.Tracer}
-	m := o2.Meter
+	setup := otelx.New(InstrumentationName, c.MeterProvider, c.TracerProvider, c.Logger)
+	t := &telemetry{log: setup.Log, tracer: setup.Tracer}
+	m := setup.Meter
 	if m == nil {
 		return t, nil
 	}
-	var err error
-	if t.published, err = m.Int64Counter("oncekit.outbox.published", metric.WithUnit("{event}"),
-		metric.WithDescription("Events published, by topic.")); err != nil {
-		return nil, err
-	}
-	if t.failed, err = m.Int64Counter("oncekit.outbox.publish.failed", metric.WithUnit("{event}"),
-		metric.WithDescription("Failed publications, retried later or moved to dead.")); err != nil {
-		return nil, err
-	}
-	if t.dead, err = m.Int64Counter("oncekit.outbox.dead", metric.WithUnit("{event}"),
-		metric.WithDescription("Events moved to the dead state.")); err != nil {
-		return nil, err
-	}
-	if t.purged, err = m.Int64Counter("oncekit.outbox.purge.deleted", metric.WithUnit("{event}"),
-		metric.WithDescription("Published events deleted by PurgePublished.")); err != nil {
-		return nil, err
-	}
-	if t.duration, err = m.Float64Histogram("oncekit.outbox.publish.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of one publication.")); err != nil {
-		return nil, err
+	in := otelx.Instruments{Meter: m}
+	t.published = in.Counter("oncekit.outbox.published", "{event}", "Events published, by topic.")
+	t.failed = in.Counter("oncekit.outbox.publish.failed", "{event}", "Failed publications, retried later or moved to dead.")
+	t.dead = in.Counter("oncekit.outbox.dead", "{event}", "Events moved to the dead state.")
+	t.purged = in.Counter("oncekit.outbox.purge.deleted", "{event}", "Published events deleted by PurgePublished.")
+	t.duration = in.Histogram("oncekit.outbox.publish.duration", "Duration of one publication.")
+	if in.Err != nil {
+		return nil, in.Err
 	}
 	// The backlog is read from the table when the metrics are collected: one count query
 	// per collection.
-	if _, err = m.Int64ObservableGauge("oncekit.outbox.backlog", metric.WithUnit("{event}"),
+	if _, err := m.Int64ObservableGauge("oncekit.outbox.backlog", metric.WithUnit("{event}"),
 		metric.WithDescription("Events by state (pending, dead), read at collection."),
 		metric.WithInt64Callback(func(ctx context.Context, obs metric.Int64Observer) error {
 			st, err := o.Stats(ctx)

@@ -121,12 +121,8 @@ func (s *Saga) beginRequest(ctx workflow.Context) (BeginRequest, error) {
 		return BeginRequest{}, fmt.Errorf("oncekit/saga: fingerprint Options.Request: %w", err)
 	}
 	info := workflow.GetInfo(ctx)
-	run := info.OriginalRunID
-	if run == "" {
-		run = info.WorkflowExecution.RunID
-	}
 	// The same workflow run (and a reset of it) presents the same token.
-	token := uuid.NewSHA1(uuid.NameSpaceURL, []byte("oncekit-saga\x00"+info.WorkflowExecution.ID+"\x00"+run+"\x00"+string(s.key)))
+	token := uuid.NewSHA1(uuid.NameSpaceURL, []byte("oncekit-saga\x00"+info.WorkflowExecution.ID+"\x00"+originalRun(info)+"\x00"+string(s.key)))
 	return BeginRequest{Key: s.key, Token: token, Lease: s.opts.Lease, Fingerprint: fp}, nil
 }
 

@@ -125,12 +125,8 @@ func newSaga(ctx workflow.Context, opts *Opts) (*Saga, error) {
 	key := o.Key
 	if key == "" {
 		info := workflow.GetInfo(ctx)
-		run := info.OriginalRunID
-		if run == "" {
-			run = info.WorkflowExecution.RunID
-		}
 		var err error
-		if key, err = keys.Business("saga", info.WorkflowExecution.ID, run); err != nil {
+		if key, err = keys.Business("saga", info.WorkflowExecution.ID, originalRun(info)); err != nil {
 			return nil, err
 		}
 	}
@@ -151,6 +147,15 @@ func newSaga(ctx workflow.Context, opts *Opts) (*Saga, error) {
 		}
 	}
 	return &Saga{key: key, opts: o}, nil
+}
+
+// originalRun is the run ID a reset keeps: the original run's, or this run's when it is
+// the original.
+func originalRun(info *workflow.Info) string {
+	if info.OriginalRunID != "" {
+		return info.OriginalRunID
+	}
+	return info.WorkflowExecution.RunID
 }
 
 // Key returns the saga's key.

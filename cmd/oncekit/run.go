@@ -253,21 +253,9 @@ func (c *cli) status(args []string) error {
 	if err != nil {
 		return err
 	}
-	rep := statusReport{Schema: c.schema, Migrations: map[string]int{}}
-	rows, err := c.pool.Query(c.ctx, `SELECT line, max(version) FROM `+quoteIdent(c.schema)+`.oncekit_migrations GROUP BY line ORDER BY line`)
-	if err != nil {
+	rep := statusReport{Schema: c.schema}
+	if rep.Migrations, err = migrate.Versions(c.ctx, c.pool, c.schema); err != nil {
 		return fmt.Errorf("read the schema's migrations (run oncekit migrate first?): %w", err)
-	}
-	for rows.Next() {
-		var line string
-		var v int
-		if err := rows.Scan(&line, &v); err != nil {
-			return err
-		}
-		rep.Migrations[line] = v
-	}
-	if err := rows.Err(); err != nil {
-		return err
 	}
 	st, err := l.Stats(c.ctx)
 	if err != nil {
@@ -625,5 +613,3 @@ func sorted(m map[string]int64) func(func(string, int64) bool) {
 		}
 	}
 }
-
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }

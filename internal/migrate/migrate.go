@@ -158,3 +158,26 @@ func Script(schema string, lines ...Line) (string, error) {
 
 // quote is a SQL string literal of s.
 func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// Querier runs a query: a pool, a connection or a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Versions returns the newest applied version of each line in schema.
+func Versions(ctx context.Context, q Querier, schema string) (map[string]int, error) {
+	rows, err := q.Query(ctx, "SELECT line, max(version) FROM "+pgx.Identifier{schema, "oncekit_migrations"}.Sanitize()+" GROUP BY line")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for rows.Next() {
+		var line string
+		var v int
+		if err := rows.Scan(&line, &v); err != nil {
+			return nil, err
+		}
+		out[line] = v
+	}
+	return out, rows.Err()
+}

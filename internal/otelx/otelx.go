@@ -32,3 +32,30 @@ func New(name string, mp metric.MeterProvider, tp trace.TracerProvider, log *slo
 	}
 	return s
 }
+
+// Instruments creates a package's instruments on one meter and keeps the first error,
+// so that a package lists its instruments without an error check each.
+type Instruments struct {
+	Meter metric.Meter
+	Err   error
+}
+
+// Counter creates an Int64Counter.
+func (in *Instruments) Counter(name, unit, desc string) metric.Int64Counter {
+	c, err := in.Meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+	in.keep(err)
+	return c
+}
+
+// Histogram creates a Float64Histogram in seconds.
+func (in *Instruments) Histogram(name, desc string) metric.Float64Histogram {
+	h, err := in.Meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc))
+	in.keep(err)
+	return h
+}
+
+func (in *Instruments) keep(err error) {
+	if in.Err == nil {
+		in.Err = err
+	}
+}
