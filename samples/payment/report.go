@@ -237,11 +237,20 @@ func (r *demoReport) checkLeftovers(ctx context.Context, pool *pgxpool.Pool, c c
 		return err
 	}
 	r.stuckRecords = st.Stuck
-	resp, err := c.CountWorkflow(ctx, &workflowservice.CountWorkflowExecutionsRequest{
-		Query: "ExecutionStatus = 'Running' AND WorkflowType = '" + wfCheckout + "'"})
-	if err != nil {
-		return err
+	// Temporal's visibility store lags behind the workflows themselves: a workflow that
+	// just ended may still count as running for a moment, so a count above zero is read
+	// again for a few seconds before it is believed.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := c.CountWorkflow(ctx, &workflowservice.CountWorkflowExecutionsRequest{
+			Query: "ExecutionStatus = 'Running' AND WorkflowType = '" + wfCheckout + "'"})
+		if err != nil {
+			return err
+		}
+		r.runningWorkflow = resp.GetCount()
+		if r.runningWorkflow == 0 || time.Now().After(deadline) {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
-	r.runningWorkflow = resp.GetCount()
-	return nil
 }
