@@ -98,8 +98,10 @@ func peakHeap(f func()) uint64 {
 // Unauthenticated senders cannot make the receiver hold much memory: a declared length
 // over the limit is refused before anything is read, and bodies under it are read a
 // few at a time, each into one buffer of its declared size.
+//
+// It measures the process's heap, so it runs alone: no t.Parallel. Beside the parallel
+// tests (one writes a 16 MiB body) the peak heap read 32.7 MiB for 8 refused posts.
 func TestReceiver_HostileBodies(t *testing.T) {
-	t.Parallel()
 	h := githubReceiver(t, webhook.Config{Handle: func(context.Context, pgx.Tx, webhook.Delivery) error {
 		t.Error("a delivery with a bad signature reached the handler")
 		return nil
