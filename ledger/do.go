@@ -229,7 +229,7 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lo
 	cleanup := context.WithoutCancel(ctx)
 	p := lt.begin(in, lock, mode)
 	if mode == claimFirst {
-		if err := p.flush(ctx); err != nil && !p.refused {
+		if err := p.Flush(ctx); err != nil && !p.Refused() {
 			if aerr := lt.abort(cleanup, p); aerr != nil {
 				err = errors.Join(err, aerr)
 			}
@@ -244,10 +244,10 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lo
 	}()
 	var resp Response
 	var fnErr error
-	if !p.refused {
+	if !p.Refused() {
 		resp, fnErr = fn(ctx, p)
 	}
-	if p.refused {
+	if p.Refused() {
 		if err := lt.abort(cleanup, p); err != nil {
 			return Result{}, fmt.Errorf("oncekit/ledger: roll back the refused claim of %s in %s: %w", quoteKey(in.Key), in.Scope, err), true
 		}
@@ -301,7 +301,7 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lo
 	}
 	if err != nil {
 		aerr := lt.abort(cleanup, p)
-		if p.refused || pgsql.IsUniqueViolation(err, recordsPkey) {
+		if p.Refused() || pgsql.IsUniqueViolation(err, recordsPkey) {
 			if aerr != nil {
 				return Result{}, fmt.Errorf("oncekit/ledger: roll back the refused claim of %s in %s: %w", quoteKey(in.Key), in.Scope, aerr), true
 			}

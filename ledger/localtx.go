@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
+	"github.com/oncekit/oncekit/internal/pipetx"
 )
 
 // localTx is the transaction a local-mode execution runs in: the ledger's own
@@ -31,7 +32,7 @@ type localTx interface {
 	// q reads records: outside any transaction for ownTx, inside the caller's for callerTx.
 	q() querier
 	// begin prepares the claim of in for mode and returns the transaction fn runs in.
-	begin(in Intent, lock int64, mode claimMode) *pipeTx
+	begin(in Intent, lock int64, mode claimMode) *pipetx.Tx
 	// firstAttemptMode is how a first attempt (DoOpts.FirstAttempt) claims.
 	firstAttemptMode() claimMode
 	// end is the statement that makes the record and fn's writes final: COMMIT, or the
@@ -41,7 +42,7 @@ type localTx interface {
 	txStatus() byte
 	// abort undoes the claim and fn's writes, and leaves the connection (or the
 	// caller's transaction) usable.
-	abort(ctx context.Context, p *pipeTx) error
+	abort(ctx context.Context, p *pipetx.Tx) error
 	// waitFor blocks until the attempt holding lock has finished, for at most d. It
 	// returns an error with SQLSTATE 55P03 when d runs out.
 	waitFor(ctx context.Context, lock int64, d time.Duration) error
@@ -117,29 +118,38 @@ func (o *ownTx) q() querier {
 	return o.conn
 }
 
-func (o *ownTx) begin(in Intent, lock int64, mode claimMode) *pipeTx {
+func (o *ownTx) begin(in Intent, lock int64, mode claimMode) *pipetx.Tx {
 	switch mode {
 	case optimistic:
-		return newPipeTx(o.conn, true, -1)
+		return newPipeTx(o.conn, true, -1, false)
 	case claimFirst:
-		p := newPipeTx(o.conn, true, 0, queued(o.l.q.claimCheck, o.l.claimArgs(in, lock)...), queued("SAVEPOINT oncekit_fn"))
-		p.checked = true
-		return p
+		return newPipeTx(o.conn, true, 0, true, pipetx.Queued(o.l.q.claimCheck, o.l.claimArgs(in, lock)...), pipetx.Queued("SAVEPOINT oncekit_fn"))
 	}
-	return newPipeTx(o.conn, true, 0,
-		queued(o.l.q.claimLocal, o.l.claimArgs(in, lock)...),
-		queued("SAVEPOINT oncekit_fn"))
+	return newPipeTx(o.conn, true, 0, false,
+		pipetx.Queued(o.l.q.claimLocal, o.l.claimArgs(in, lock)...),
+		pipetx.Queued("SAVEPOINT oncekit_fn"))
+}
+
+// errClaimRefused is what fn's statements return after the claim that travelled with
+// the first of them was refused. fn's outcome is discarded then; the ledger settles the
+// call from the key's record.
+var errClaimRefused = errors.New("oncekit/ledger: the key is taken by another attempt: return this error")
+
+// newPipeTx is the transaction fn runs in: the prefix travels with its first statement.
+func newPipeTx(via pipetx.Sender, begin bool, claimAt int, checked bool, prefix ...*pgx.QueuedQuery) *pipetx.Tx {
+	return pipetx.New(pipetx.Config{Via: via, Begin: begin, Prefix: prefix, ClaimAt: claimAt, Checked: checked,
+		Refused: errClaimRefused, Managed: ErrManagedTx})
 }
 
 func (o *ownTx) firstAttemptMode() claimMode { return optimistic }
 func (o *ownTx) end() string                 { return "COMMIT" }
 func (o *ownTx) txStatus() byte              { return o.conn.PgConn().TxStatus() }
 
-func (o *ownTx) abort(ctx context.Context, p *pipeTx) error {
+func (o *ownTx) abort(ctx context.Context, p *pipetx.Tx) error {
 	if o.conn.PgConn().TxStatus() == 'I' {
 		return nil
 	}
-	if p != nil && p.refused && p.checked && o.conn.PgConn().TxStatus() == 'T' {
+	if p != nil && p.Refused() && p.Checked() && o.conn.PgConn().TxStatus() == 'T' {
 		// The record decides next, so the rollback waits to travel with its lookup.
 		o.rollbackDue = true
 		return nil
@@ -178,19 +188,15 @@ func (c *callerTx) q() querier { return c.outer }
 
 // begin always claims: an optimistic attempt would find a concurrent one only at its
 // INSERT, and wait there as long as that attempt's transaction, the caller's, lasts.
-func (c *callerTx) begin(in Intent, lock int64, mode claimMode) *pipeTx {
+func (c *callerTx) begin(in Intent, lock int64, mode claimMode) *pipetx.Tx {
+	claim := c.l.q.claimLocal
 	if mode == claimFirst {
-		p := newPipeTx(c.outer, false, 1,
-			queued("SAVEPOINT oncekit_claim"),
-			queued(c.l.q.claimCheck, c.l.claimArgs(in, lock)...),
-			queued("SAVEPOINT oncekit_fn"))
-		p.checked = true
-		return p
+		claim = c.l.q.claimCheck
 	}
-	return newPipeTx(c.outer, false, 1,
-		queued("SAVEPOINT oncekit_claim"),
-		queued(c.l.q.claimLocal, c.l.claimArgs(in, lock)...),
-		queued("SAVEPOINT oncekit_fn"))
+	return newPipeTx(c.outer, false, 1, mode == claimFirst,
+		pipetx.Queued("SAVEPOINT oncekit_claim"),
+		pipetx.Queued(claim, c.l.claimArgs(in, lock)...),
+		pipetx.Queued("SAVEPOINT oncekit_fn"))
 }
 
 func (c *callerTx) firstAttemptMode() claimMode { return claimWithFirstStatement }
@@ -200,8 +206,8 @@ func (c *callerTx) txStatus() byte              { return c.outer.Conn().PgConn()
 // abort rolls back to where DoTx began. Both statements travel as one simple-protocol
 // query, which an aborted transaction accepts: an extended-protocol batch would have
 // its RELEASE prepared first, and refused.
-func (c *callerTx) abort(ctx context.Context, p *pipeTx) error {
-	if p != nil && !p.sent {
+func (c *callerTx) abort(ctx context.Context, p *pipetx.Tx) error {
+	if p != nil && !p.Sent() {
 		return nil
 	}
 	_, err := c.outer.Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_claim; RELEASE SAVEPOINT oncekit_claim")
@@ -238,7 +244,7 @@ func (c *callerTx) deleteExpired(ctx context.Context, in Intent) error {
 
 // commitFailure undoes fn's writes, stores the failure and makes it final. It works
 // whatever state fn left the transaction in, aborted included.
-func commitFailure(ctx context.Context, lt localTx, p *pipeTx, insert string, args []any) (time.Time, error) {
+func commitFailure(ctx context.Context, lt localTx, p *pipetx.Tx, insert string, args []any) (time.Time, error) {
 	if err := undoFn(ctx, p); err != nil {
 		return time.Time{}, err
 	}
@@ -248,8 +254,8 @@ func commitFailure(ctx context.Context, lt localTx, p *pipeTx, insert string, ar
 // finish inserts the record and ends (commit or release), in one round trip. In the
 // ledger's own transaction the pgx.Tx handed to fn is done with after it; it is not
 // committed through pgx because that would cost a round trip of its own.
-func finish(ctx context.Context, lt localTx, p *pipeTx, insert string, args []any) (time.Time, error) {
-	if p.sent && p.err == nil && lt.txStatus() != 'T' {
+func finish(ctx context.Context, lt localTx, p *pipetx.Tx, insert string, args []any) (time.Time, error) {
+	if p.Sent() && p.Err() == nil && lt.txStatus() != 'T' {
 		return time.Time{}, ErrTxAborted
 	}
 	return insertAndEnd(ctx, p, insert, args, lt.end())
@@ -259,21 +265,21 @@ func finish(ctx context.Context, lt localTx, p *pipeTx, insert string, args []an
 // transaction aborted the rollback goes alone, with the simple protocol: in an aborted
 // transaction PostgreSQL refuses to prepare or describe the statements that follow it,
 // which pgx does first for a batch in most of its exec modes.
-func undoFn(ctx context.Context, p *pipeTx) error {
-	if !p.sent || p.err != nil {
+func undoFn(ctx context.Context, p *pipetx.Tx) error {
+	if !p.Sent() || p.Err() != nil {
 		return nil
 	}
-	_, err := p.current().Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_fn")
+	_, err := p.Current().Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_fn")
 	return err
 }
 
 // insertAndEnd inserts the record, reads its creation time and ends the transaction (or
 // releases the caller's savepoint), in one round trip.
-func insertAndEnd(ctx context.Context, p *pipeTx, insert string, args []any, end string) (time.Time, error) {
+func insertAndEnd(ctx context.Context, p *pipetx.Tx, insert string, args []any, end string) (time.Time, error) {
 	b := &pgx.Batch{}
 	b.Queue(insert, args...)
 	b.Queue(end)
-	br, err := p.send(ctx, b)
+	br, err := p.Send(ctx, b)
 	if err != nil {
 		return time.Time{}, err
 	}
