@@ -8,6 +8,13 @@
 // returns a definitive failure (ledger.Definitive) has its writes undone and the message
 // recorded as rejected, so a poison message is not retried forever.
 //
+// By default the record's answer arrives before the handler is called, in a round trip
+// of its own that carries BEGIN: a handler that sends one statement takes the three
+// round trips of pgx.BeginFunc. With [Config].FirstAttempt the record travels in the
+// round trip of the handler's first statement instead, two round trips in all; the
+// handler is then called for a duplicate too, and its statements return [ErrDuplicate]
+// without running.
+//
 // Delivery from a broker or an outbox is at least once; the inbox turns it into one
 // effect. Records are kept for [Config].Retention and purged in batches by
 // [Inbox.Purge]; a redelivery after that is handled as new. The table is created by

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
+	"github.com/oncekit/oncekit/internal/pipetx"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 )
@@ -34,7 +35,30 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// Logger receives a line per purge. Defaults to discarding it.
 	Logger *slog.Logger
+	// FirstAttempt says most deliveries are first ones, and trades the record's answer
+	// before the handler runs for speed, as ledger.DoOpts.FirstAttempt does in DoTx:
+	// BEGIN, the message's record and the savepoint travel in the round trip of the
+	// handler's first statement instead of one of their own, so a first delivery whose
+	// handler sends one statement takes two round trips, one fewer than pgx.BeginFunc
+	// with that statement alone. For a duplicate the handler is called, and its first
+	// statement, and every later one, returns [ErrDuplicate] without running: nothing
+	// it sends through tx takes effect, and the result is Duplicate whatever it
+	// returns. A duplicate then costs four round trips instead of two (its batch
+	// failed, so the rollback goes alone, and pgx drops the batch's cached statements,
+	// which costs the connection's next delivery one more).
+	//
+	// Use it only for handlers that act through tx alone, and that do not mind being
+	// called for a duplicate (they should return the error of a failed statement, as
+	// usual). Defaults to false: the record's answer arrives before the handler is
+	// called, and a duplicate never calls it. Handlers that need that can share a pool
+	// with FirstAttempt ones through a second Inbox.
+	FirstAttempt bool
 }
+
+// ErrDuplicate is what the statements of a handler return under Config.FirstAttempt when
+// the message turns out to have been handled before. Return it (or any error): the
+// inbox reports the delivery as a duplicate either way.
+var ErrDuplicate = errors.New("oncekit/inbox: the message was handled before: return this error")
 
 // Inbox tracks processed messages.
 type Inbox struct {
@@ -96,6 +120,9 @@ func (ib *Inbox) Handle(ctx context.Context, subscriber, messageID string, fn Ha
 	}
 	defer conn.Release()
 	c := conn.Conn()
+	if ib.cfg.FirstAttempt {
+		return ib.handleFirst(ctx, c, subscriber, messageID, fn)
+	}
 	// BEGIN, the record and the savepoint that fences fn travel in one round trip, as
 	// prepared statements.
 	b := &pgx.Batch{}
@@ -155,6 +182,9 @@ func (ib *Inbox) HandleTx(ctx context.Context, tx pgx.Tx, subscriber, messageID 
 		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_inbox; RELEASE SAVEPOINT oncekit_inbox")
 		return err
 	}
+	if ib.cfg.FirstAttempt {
+		return ib.handleTxFirst(ctx, tx, subscriber, messageID, fn, undo)
+	}
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT oncekit_inbox")
 	b.Queue(ib.q.insert, subscriber, messageID, pgsql.Interval(ib.cfg.Retention))
@@ -174,6 +204,87 @@ func (ib *Inbox) HandleTx(ctx context.Context, tx pgx.Tx, subscriber, messageID 
 			_, err := tx.Exec(ctx, "RELEASE SAVEPOINT oncekit_inbox")
 			return err
 		}, undo)
+}
+
+// handleFirst is Handle under Config.FirstAttempt, on the held connection c.
+func (ib *Inbox) handleFirst(ctx context.Context, c *pgx.Conn, subscriber, messageID string, fn HandlerFunc) (res Result, err error) {
+	p := ib.pipe(c, true, "SAVEPOINT oncekit_inbox_fn", subscriber, messageID)
+	rollback := func(ctx context.Context) error {
+		if c.PgConn().TxStatus() == 'I' {
+			return nil
+		}
+		_, err := c.Exec(ctx, "ROLLBACK")
+		return err
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			_ = rollback(context.WithoutCancel(ctx))
+			panic(r)
+		}
+	}()
+	res, err = ib.run(ctx, p, subscriber, messageID, fn,
+		func(ctx context.Context) error {
+			if !p.Sent() {
+				// fn sent nothing: the record travels with COMMIT.
+				_, err := p.Exec(ctx, "COMMIT")
+				return err
+			}
+			return p.Current().Commit(ctx)
+		}, rollback)
+	if !p.Refused() {
+		return res, err
+	}
+	// run has rolled the transaction back: the record's statement failed and aborted
+	// it, so the read could not travel with the rollback.
+	return ib.lookup(ctx, c, subscriber, messageID)
+}
+
+// handleTxFirst is HandleTx under Config.FirstAttempt; undo rolls back to where the
+// call began.
+func (ib *Inbox) handleTxFirst(ctx context.Context, tx pgx.Tx, subscriber, messageID string, fn HandlerFunc,
+	undo func(context.Context) error) (Result, error) {
+	p := ib.pipe(tx, false, "SAVEPOINT oncekit_inbox_fn", subscriber, messageID)
+	sentUndo := func(ctx context.Context) error {
+		if !p.Sent() {
+			return nil
+		}
+		return undo(ctx)
+	}
+	res, err := ib.run(ctx, p, subscriber, messageID, fn,
+		func(ctx context.Context) error {
+			_, err := p.Exec(ctx, "RELEASE SAVEPOINT oncekit_inbox")
+			return err
+		}, sentUndo)
+	if !p.Refused() {
+		return res, err
+	}
+	// run has rolled back to the savepoint before the record.
+	return ib.lookup(ctx, tx, subscriber, messageID)
+}
+
+// pipe is the transaction a FirstAttempt handler runs in: the message's record, fenced
+// by savepoints, travels with the handler's first statement (and BEGIN when begin is
+// set; otherwise a savepoint to undo the call to).
+func (ib *Inbox) pipe(via pipetx.Sender, begin bool, fence, subscriber, messageID string) *pipetx.Tx {
+	prefix := []*pgx.QueuedQuery{pipetx.Queued(ib.q.claim, subscriber, messageID, pgsql.Interval(ib.cfg.Retention)), pipetx.Queued(fence)}
+	claimAt := 0
+	if !begin {
+		prefix = append([]*pgx.QueuedQuery{pipetx.Queued("SAVEPOINT oncekit_inbox")}, prefix...)
+		claimAt = 1
+	}
+	return pipetx.New(pipetx.Config{Via: via, Begin: begin, Prefix: prefix, ClaimAt: claimAt,
+		Refused: ErrDuplicate, Managed: ledger.ErrManagedTx})
+}
+
+// lookup reads whether a duplicate was rejected, outside any transaction of the call.
+func (ib *Inbox) lookup(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, subscriber, messageID string) (Result, error) {
+	var state string
+	if err := q.QueryRow(ctx, ib.q.lookup, subscriber, messageID).Scan(&state); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return Result{}, fmt.Errorf("oncekit/inbox: read the record of %q: %w", messageID, err)
+	}
+	return Result{Duplicate: true, Rejected: state == "rejected"}, nil
 }
 
 // run calls fn and finishes: commit on success, record a rejection on a definitive
@@ -260,7 +371,7 @@ type batchSender interface {
 // queries holds the inbox's SQL with the schema filled in; each takes $1 subscriber
 // and $2 message ID.
 type queries struct {
-	insert, lookup, reject, purge string
+	insert, claim, lookup, reject, purge string
 }
 
 func newQueries(schema string) queries {
@@ -273,6 +384,15 @@ func newQueries(schema string) queries {
 			ON CONFLICT (subscriber, message_id) DO UPDATE SET state = 'processed', error = NULL,
 				received_at = excluded.received_at, expires_at = excluded.expires_at
 			WHERE r.expires_at <= now()`,
+		// insert as a claim for a pipeline: it fails, dividing by zero, when the
+		// message has a live record, which makes PostgreSQL skip the statements sent
+		// behind it.
+		claim: `WITH recorded AS (INSERT INTO ` + t + ` AS r (subscriber, message_id, received_at, expires_at) VALUES ($1, $2, now(), now() + $3::interval)
+			ON CONFLICT (subscriber, message_id) DO UPDATE SET state = 'processed', error = NULL,
+				received_at = excluded.received_at, expires_at = excluded.expires_at
+			WHERE r.expires_at <= now()
+			RETURNING 1)
+			SELECT 1 / count(*)::int FROM recorded`,
 		lookup: `SELECT state FROM ` + t + ` WHERE subscriber = $1 AND message_id = $2`,
 		// $3 the rejection.
 		reject: `UPDATE ` + t + ` SET state = 'rejected', error = $3 WHERE subscriber = $1 AND message_id = $2`,

@@ -43,10 +43,18 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	write := func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO entries (amount) VALUES (1)`)
+		_, err := tx.Exec(ctx, entry)
 		return err
 	}
 	payload := []byte(`{"account":"acc-1","amount":100}`)
+	floorRow := func() *pgx.QueuedQuery {
+		return &pgx.QueuedQuery{SQL: `INSERT INTO inbox_floor (subscriber, message_id, received_at, expires_at) VALUES ('bench', $1, now(), now() + interval '14 days')`,
+			Arguments: []any{uuid.NewString()}}
+	}
+	first, err := inbox.New(pool, &inbox.Config{Schema: messagingSchema, FirstAttempt: true})
+	if err != nil {
+		return err
+	}
 	lat, err := interleave(ctx, b.rounds, b.opsPerRound, 1, []scenario{
 		{"bare", func(context.Context, int) error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(ctx, tx) })
@@ -64,29 +72,23 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 			_, err := ib.Handle(ctx, "bench", uuid.NewString(), func(ctx context.Context, tx pgx.Tx) error { return write(ctx, tx) })
 			return err
 		}},
-		// The floor of any inbox: the bare transaction plus one row shaped like an inbox
-		// record, sent with BEGIN, with no dedup logic.
+		{"inbox_first", func(context.Context, int) error {
+			_, err := first.Handle(ctx, "bench", uuid.NewString(), func(ctx context.Context, tx pgx.Tx) error { return write(ctx, tx) })
+			return err
+		}},
+		// The floors of any inbox: the bare transaction plus one row shaped like an
+		// inbox record, with no dedup logic. inbox_floor sends the row with BEGIN, in a
+		// round trip of its own (3 in all, as the default inbox);
+		// inbox_floor_pipelined sends BEGIN, the row and the handler's statement in one
+		// (2, as FirstAttempt); inbox_floor_commit sends the row with COMMIT (3).
 		{"inbox_floor", func(context.Context, int) error {
-			conn, err := pool.Acquire(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Release()
-			b := &pgx.Batch{}
-			b.BeginTx(pgx.TxOptions{})
-			b.Queue(`INSERT INTO inbox_floor (subscriber, message_id, received_at, expires_at) VALUES ('bench', $1, now(), now() + interval '14 days')`,
-				uuid.NewString())
-			br := conn.SendBatch(ctx, b)
-			tx := br.Tx()
-			if err := br.Close(); err != nil {
-				_ = tx.Rollback(ctx)
-				return err
-			}
-			if err := write(ctx, tx); err != nil {
-				_ = tx.Rollback(ctx)
-				return err
-			}
-			return tx.Commit(ctx)
+			return floorTx(ctx, pool, floorRow(), write, nil)
+		}},
+		{"inbox_floor_pipelined", func(context.Context, int) error {
+			return floorTx(ctx, pool, floorRow(), nil, &pgx.QueuedQuery{SQL: entry})
+		}},
+		{"inbox_floor_commit", func(context.Context, int) error {
+			return floorTx(ctx, pool, nil, write, floorRow())
 		}},
 	})
 	if err != nil {
@@ -95,8 +97,12 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 	bare := lat["bare"]
 	emit("outbox.enqueue_vs_bare", lat["enqueue"]/bare)
 	emit("inbox.handle_vs_bare", lat["inbox"]/bare)
+	emit("inbox.first_vs_bare", lat["inbox_first"]/bare)
 	emit("inbox.floor_vs_bare", lat["inbox_floor"]/bare)
+	emit("inbox.floor_pipelined_vs_bare", lat["inbox_floor_pipelined"]/bare)
+	emit("inbox.floor_commit_vs_bare", lat["inbox_floor_commit"]/bare)
 	emit("inbox.handle_vs_floor", lat["inbox"]/lat["inbox_floor"])
+	emit("inbox.first_vs_floor", lat["inbox_first"]/lat["inbox_floor_pipelined"])
 
 	// Dispatch throughput: fill the outbox, then drain it with a no-op publisher.
 	if _, err := pool.Exec(ctx, `TRUNCATE outbox_events`); err != nil {
@@ -154,5 +160,54 @@ func (b messagingBench) orderedDrain(ctx context.Context, pool *pgxpool.Pool, ob
 		return fmt.Errorf("ordered drain: %w", err)
 	}
 	emit("outbox.ordered_drain_per_s", perSec)
+	return nil
+}
+
+const entry = `INSERT INTO entries (amount) VALUES (1)`
+
+// floorTx runs one transaction on a connection of pool: BEGIN, with first in the same
+// round trip when it is not nil, then write (when not nil), then COMMIT with last (when
+// not nil; with first and BEGIN when write is nil).
+func floorTx(ctx context.Context, pool *pgxpool.Pool, first *pgx.QueuedQuery, write func(context.Context, pgx.Tx) error, last *pgx.QueuedQuery) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	var tx pgx.Tx
+	if first == nil {
+		if tx, err = conn.Begin(ctx); err != nil {
+			return err
+		}
+	} else {
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		b.QueuedQueries = append(b.QueuedQueries, first)
+		if write == nil {
+			b.QueuedQueries = append(b.QueuedQueries, last)
+			last = nil
+		}
+		br := conn.SendBatch(ctx, b)
+		tx = br.Tx()
+		if err := br.Close(); err != nil {
+			_ = tx.Rollback(ctx)
+			return err
+		}
+	}
+	if write != nil {
+		if err := write(ctx, tx); err != nil {
+			_ = tx.Rollback(ctx)
+			return err
+		}
+	}
+	if last == nil {
+		return tx.Commit(ctx)
+	}
+	b := &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{last}}
+	b.Queue("COMMIT")
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
 	return nil
 }
