@@ -98,7 +98,7 @@ func newEnv(ctx context.Context, url string, conns int32, params map[string]stri
 //   - first_metered: first on a ledger whose metrics are recorded (an in-memory meter
 //     summing every counter), so metered_vs_first prices the instruments.
 var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_metered", "first_lookup", "first_claim", "replay", "replay_claim", "naive",
-	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout", "floor_ledger_record", "floor_ledger_record_now"}
+	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout", "floor_ledger_record", "floor_ledger_record_now", "floor_ledger_record_noreturn"}
 
 // The probes price the statements a first execution could add to floor_pipelined, one
 // at a time: the savepoint, the advisory try-lock, the whole claim, claim and savepoint
@@ -276,6 +276,11 @@ func (e *env) scenarios() []scenario {
 		{"probe_lock_timeout", e.probe("probe_lock_timeout")},
 		{"floor_ledger_record", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.ledgerFloorRecord()) }},
 		{"floor_ledger_record_now", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.ledgerFloorRecordNow()) }},
+		{"floor_ledger_record_noreturn", func(ctx context.Context, _ int) error {
+			q := e.ledgerFloorRecord()
+			q.SQL = strings.TrimSuffix(strings.TrimSpace(q.SQL), "RETURNING created_at")
+			return e.pipelined(ctx, q)
+		}},
 	}
 }
 
@@ -349,6 +354,7 @@ var ledgerRatios = [][3]string{
 	{"floor_ledger_record_vs_floor", "floor_ledger_record", "floor_pipelined"},
 	{"first_vs_floor_ledger_record", "first", "floor_ledger_record"},
 	{"floor_ledger_record_now_vs_floor", "floor_ledger_record_now", "floor_pipelined"},
+	{"floor_ledger_record_noreturn_vs_floor", "floor_ledger_record_noreturn", "floor_pipelined"},
 }
 
 // run measures on a fresh cluster per repetition (or a fresh schema, on DATABASE_URL),
