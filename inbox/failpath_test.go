@@ -40,8 +40,7 @@ func setupModes(t *testing.T, test func(t *testing.T, ib *inbox.Inbox, pool *pgx
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `INSERT INTO credits (id, message, amount) VALUES (1, 'first', 100); SELECT setval('credits_id_seq', 1000)`)
 	require.NoError(t, err)
-	var schema string
-	require.NoError(t, pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema))
+	schema := schemaOf(t, pool)
 	pgtest.EachExecMode(t, schema, func(t *testing.T, pool *pgxpool.Pool) {
 		ib, err := inbox.New(pool, &inbox.Config{Schema: schema})
 		require.NoError(t, err)
@@ -122,8 +121,7 @@ func TestInbox_PurgeRacingDeliveries(t *testing.T) {
 	t.Parallel()
 	_, pool := setup(t)
 	ctx := context.Background()
-	var schema string
-	require.NoError(t, pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema))
+	schema := schemaOf(t, pool)
 	ib, err := inbox.New(pool, &inbox.Config{Schema: schema, Retention: time.Millisecond})
 	require.NoError(t, err)
 	stop := make(chan struct{})

@@ -3,9 +3,6 @@ package inbox_test
 import (
 	"context"
 	"errors"
-	"net"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -22,8 +19,7 @@ import (
 // schema of setup.
 func firstAttempt(t *testing.T, pool *pgxpool.Pool) *inbox.Inbox {
 	t.Helper()
-	var schema string
-	require.NoError(t, pool.QueryRow(context.Background(), "SELECT current_schema()").Scan(&schema))
+	schema := schemaOf(t, pool)
 	ib, err := inbox.New(pool, &inbox.Config{Schema: schema, FirstAttempt: true})
 	require.NoError(t, err)
 	return ib
@@ -167,35 +163,6 @@ func TestInbox_FirstAttemptHandleTx(t *testing.T) {
 	})
 }
 
-// Many consumers receive the same message at once under FirstAttempt: one effect, and
-// every other delivery a duplicate.
-func TestInbox_FirstAttemptConcurrentDeliveries(t *testing.T) {
-	t.Parallel()
-	_, pool := setup(t)
-	ib := firstAttempt(t, pool)
-	ctx := context.Background()
-	var handled, dups atomic.Int32
-	var wg sync.WaitGroup
-	for range 32 {
-		wg.Go(func() {
-			res, err := ib.Handle(ctx, "billing", "msg-race", credit("msg-race"))
-			if err != nil {
-				t.Errorf("handle: %v", err)
-				return
-			}
-			if res.Duplicate {
-				dups.Add(1)
-			} else {
-				handled.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	require.Equal(t, int32(1), handled.Load())
-	require.Equal(t, int32(31), dups.Load())
-	testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-race'`)
-}
-
 // An expired record counts as absent under FirstAttempt too, and a panicking handler
 // leaves nothing behind.
 func TestInbox_FirstAttemptExpiredAndPanic(t *testing.T) {
@@ -224,40 +191,6 @@ func TestInbox_FirstAttemptExpiredAndPanic(t *testing.T) {
 	require.False(t, res.Duplicate)
 }
 
-// tripCounter counts round trips on the connections it dials: a write that follows a
-// read starts a new one.
-type tripCounter struct {
-	mu    sync.Mutex
-	trips int
-}
-
-type countingConn struct {
-	net.Conn
-	tc      *tripCounter
-	inTrip  bool
-	sawRead bool
-}
-
-func (c *countingConn) Write(p []byte) (int, error) {
-	c.tc.mu.Lock()
-	if !c.inTrip || c.sawRead {
-		c.tc.trips++
-		c.inTrip, c.sawRead = true, false
-	}
-	c.tc.mu.Unlock()
-	return c.Conn.Write(p)
-}
-
-func (c *countingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.tc.mu.Lock()
-		c.sawRead = true
-		c.tc.mu.Unlock()
-	}
-	return n, err
-}
-
 // The round trips each protocol promises, with warm statement caches: a first delivery
 // whose handler sends one statement takes 3 (as pgx.BeginFunc does), or 2 under
 // FirstAttempt; a duplicate takes 2, or 4 under FirstAttempt (its batch failed, so the
@@ -267,42 +200,30 @@ func (c *countingConn) Read(p []byte) (int, error) {
 func TestInbox_RoundTrips(t *testing.T) {
 	t.Parallel()
 	_, setupPool := setup(t)
-	var schema string
-	require.NoError(t, setupPool.QueryRow(context.Background(), "SELECT current_schema()").Scan(&schema))
-	tc := &tripCounter{}
+	schema := schemaOf(t, setupPool)
+	tc := &pgtest.Trips{}
 	pool := pgtest.Pool(t, schema, func(cfg *pgxpool.Config) {
 		cfg.MaxConns, cfg.MinConns = 1, 1
-		dial := cfg.ConnConfig.DialFunc
-		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &countingConn{Conn: c, tc: tc}, nil
-		}
+		cfg.ConnConfig.DialFunc = tc.Dial(cfg.ConnConfig.DialFunc)
 	})
 	ctx := context.Background()
 	for _, first := range []bool{false, true} {
 		ib, err := inbox.New(pool, &inbox.Config{Schema: schema, FirstAttempt: first})
 		require.NoError(t, err)
 		name := map[bool]string{false: "default", true: "first"}[first]
-		trips := func(msg string, dup bool) int {
-			tc.mu.Lock()
-			tc.trips = 0
-			tc.mu.Unlock()
+		trips := func(msg string, dup bool) int64 {
+			tc.Reset()
 			res, err := ib.Handle(ctx, "billing", msg, credit(msg))
 			require.NoError(t, err)
 			require.Equal(t, dup, res.Duplicate)
-			tc.mu.Lock()
-			defer tc.mu.Unlock()
-			return tc.trips
+			return tc.Load()
 		}
 		// Warm every statement both paths use.
 		trips(name+"-warm", false)
 		trips(name+"-warm", true)
 		trips(name+"-warm-2", false)
 
-		want := map[bool][3]int{false: {3, 2, 3}, true: {2, 4, 3}}[first]
+		want := map[bool][3]int64{false: {3, 2, 3}, true: {2, 4, 3}}[first]
 		require.Equal(t, want[0], trips(name, false), "a first delivery, FirstAttempt %v", first)
 		require.Equal(t, want[1], trips(name, true), "a duplicate, FirstAttempt %v", first)
 		require.Equal(t, want[2], trips(name+"-next", false), "the next first delivery, FirstAttempt %v", first)

@@ -34,6 +34,14 @@ func setup(t *testing.T) (*inbox.Inbox, *pgxpool.Pool) {
 	return ib, pool
 }
 
+// schemaOf is the schema pool's connections work in.
+func schemaOf(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var schema string
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT current_schema()").Scan(&schema))
+	return schema
+}
+
 func credit(message string) inbox.HandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO credits (message, amount) VALUES ($1, 100)`, message)
@@ -104,31 +112,38 @@ func TestInbox_RejectedMessage(t *testing.T) {
 	testsuite.RequireCount(t.Context(), t, pool, 0, `SELECT count(*) FROM credits`)
 }
 
-// Many consumers receive the same message at once: one effect.
+// Many consumers receive the same message at once: one effect, and every other delivery
+// a duplicate; with and without FirstAttempt.
 func TestInbox_ConcurrentDeliveries(t *testing.T) {
 	t.Parallel()
-	ib, pool := setup(t)
+	_, pool := setup(t)
 	ctx := context.Background()
-	var handled, dups atomic.Int32
-	var wg sync.WaitGroup
-	for range 32 {
-		wg.Go(func() {
-			res, err := ib.Handle(ctx, "billing", "msg-race", credit("msg-race"))
-			if err != nil {
-				t.Errorf("handle: %v", err)
-				return
-			}
-			if res.Duplicate {
-				dups.Add(1)
-			} else {
-				handled.Add(1)
-			}
-		})
+	schema := schemaOf(t, pool)
+	for _, first := range []bool{false, true} {
+		ib, err := inbox.New(pool, &inbox.Config{Schema: schema, FirstAttempt: first})
+		require.NoError(t, err)
+		msg := fmt.Sprintf("msg-race-%v", first)
+		var handled, dups atomic.Int32
+		var wg sync.WaitGroup
+		for range 32 {
+			wg.Go(func() {
+				res, err := ib.Handle(ctx, "billing", msg, credit(msg))
+				if err != nil {
+					t.Errorf("handle: %v", err)
+					return
+				}
+				if res.Duplicate {
+					dups.Add(1)
+				} else {
+					handled.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		require.Equal(t, int32(1), handled.Load(), "FirstAttempt %v", first)
+		require.Equal(t, int32(31), dups.Load(), "FirstAttempt %v", first)
+		testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM credits WHERE message = $1`, msg)
 	}
-	wg.Wait()
-	require.Equal(t, int32(1), handled.Load())
-	require.Equal(t, int32(31), dups.Load())
-	testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM credits WHERE message = 'msg-race'`)
 }
 
 // HandleTx joins the caller's transaction; a duplicate leaves it usable.

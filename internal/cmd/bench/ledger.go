@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -17,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/internal/countmeter"
+	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/migrate"
@@ -39,7 +39,7 @@ type env struct {
 	// metered is the same ledger with an in-memory meter and a logger: what a first
 	// execution costs when its metrics are recorded.
 	metered *ledger.Ledger
-	trips   *tripCounter
+	trips   *pgtest.Trips
 	fp      keys.Fingerprint
 	scope   keys.Scope
 	replay  []keys.Key
@@ -55,15 +55,8 @@ func newEnv(ctx context.Context, url string, conns int32, params map[string]stri
 	for k, v := range params {
 		cfg.ConnConfig.RuntimeParams[k] = v
 	}
-	tc := &tripCounter{}
-	dialer := &net.Dialer{KeepAlive: 5 * time.Minute}
-	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dialer.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &countingConn{Conn: c, tc: tc}, nil
-	}
+	tc := &pgtest.Trips{}
+	cfg.ConnConfig.DialFunc = tc.Dial((&net.Dialer{KeepAlive: 5 * time.Minute}).DialContext)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -468,13 +461,13 @@ func measureCosts(ctx context.Context, url string, line func(string)) error {
 		if err != nil {
 			return err
 		}
-		e.trips.reset()
+		e.trips.Reset()
 		for i := range n {
 			if err := s.op(ctx, i); err != nil {
 				return err
 			}
 		}
-		trips := e.trips.load()
+		trips := e.trips.Load()
 		after, err := e.costs(ctx)
 		if err != nil {
 			return err
@@ -511,49 +504,4 @@ func (e *env) costs(ctx context.Context) (costStats, error) {
 			pg_snapshot_xmax(pg_current_snapshot())::text::bigint FROM pg_stat_wal`).
 		Scan(new(bool), &s.records, &s.bytes, &s.syncs, &s.xids)
 	return s, err
-}
-
-// tripCounter counts round trips: a write that follows a read starts a new one.
-type tripCounter struct {
-	mu    sync.Mutex
-	trips int64
-}
-
-func (t *tripCounter) reset() {
-	t.mu.Lock()
-	t.trips = 0
-	t.mu.Unlock()
-}
-
-func (t *tripCounter) load() int64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.trips
-}
-
-type countingConn struct {
-	net.Conn
-	tc      *tripCounter
-	inTrip  bool
-	sawRead bool
-}
-
-func (c *countingConn) Write(p []byte) (int, error) {
-	c.tc.mu.Lock()
-	if !c.inTrip || c.sawRead {
-		c.tc.trips++
-		c.inTrip, c.sawRead = true, false
-	}
-	c.tc.mu.Unlock()
-	return c.Conn.Write(p)
-}
-
-func (c *countingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.tc.mu.Lock()
-		c.sawRead = true
-		c.tc.mu.Unlock()
-	}
-	return n, err
 }
