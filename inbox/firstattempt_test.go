@@ -58,6 +58,15 @@ func TestInbox_FirstAttemptDuplicates(t *testing.T) {
 		})
 		require.NoError(t, err)
 		require.True(t, res.Duplicate)
+		// A statement that cannot travel in a batch (two in one string) sends the record
+		// first, alone, and is refused all the same.
+		res, err = ib.Handle(ctx, "billing", msg, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO credits (message, amount) VALUES ('`+msg+`', 1); INSERT INTO credits (message, amount) VALUES ('`+msg+`', 2)`)
+			require.ErrorIs(t, err, inbox.ErrDuplicate)
+			return err
+		})
+		require.NoError(t, err)
+		require.True(t, res.Duplicate)
 		testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM credits WHERE message = $1`, msg)
 
 		// The connections went back to the pool clean: a new message is handled.
@@ -77,7 +86,16 @@ func TestInbox_FirstAttemptOutcomes(t *testing.T) {
 		ctx := context.Background()
 		msg := "outcomes-" + t.Name()
 
-		res, err := ib.Handle(ctx, "silent", msg, func(context.Context, pgx.Tx) error { return nil })
+		two := "two-" + t.Name()
+		res, err := ib.Handle(ctx, "billing", two, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO credits (message, amount) VALUES ('`+two+`', 1); INSERT INTO credits (message, amount) VALUES ('`+two+`', 2)`)
+			return err
+		})
+		require.NoError(t, err)
+		require.False(t, res.Duplicate)
+		testsuite.RequireCount(t.Context(), t, pool, 2, `SELECT count(*) FROM credits WHERE message = $1`, two)
+
+		res, err = ib.Handle(ctx, "silent", msg, func(context.Context, pgx.Tx) error { return nil })
 		require.NoError(t, err)
 		require.False(t, res.Duplicate)
 		res, err = ib.Handle(ctx, "silent", msg, func(context.Context, pgx.Tx) error { return nil })
