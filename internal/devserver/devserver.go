@@ -21,6 +21,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -161,35 +163,54 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	s := &Server{HostPort: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Namespace: ns, exited: make(chan struct{})}
-	args := []string{"server", "start-dev", "--ip", "127.0.0.1", "--port", strconv.Itoa(port), "--namespace", ns,
-		"--log-level", "error", "--dynamic-config-value", "frontend.enableServerVersionCheck=false"}
-	if o.UIPort != 0 {
-		args = append(args, "--ui-port", strconv.Itoa(o.UIPort))
-		s.UIAddress = fmt.Sprintf("http://127.0.0.1:%d", o.UIPort)
-	} else {
-		args = append(args, "--headless")
-	}
-	if o.DBFile != "" {
-		args = append(args, "--db-filename", o.DBFile)
-	}
-	s.path, s.args, s.log = path, args, o.Log
-	if s.log == nil {
-		s.log = io.Discard
-	}
-	if err := s.start(ctx); err != nil {
-		return nil, err
-	}
-	return s, nil
+	return startCLI(ctx, path, ns, o)
 }
+
+// startCLI starts the dev server of the CLI at path. Another process may take the free
+// port before the server binds it, or one of the ports the server picks for itself: a
+// server that exits during its start is tried again, on a new port.
+func startCLI(ctx context.Context, path, ns string, o Options) (*Server, error) {
+	for attempt := 1; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{HostPort: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Namespace: ns, exited: make(chan struct{})}
+		args := []string{"server", "start-dev", "--ip", "127.0.0.1", "--port", strconv.Itoa(port), "--namespace", ns,
+			"--log-level", "error", "--dynamic-config-value", "frontend.enableServerVersionCheck=false"}
+		if o.UIPort != 0 {
+			args = append(args, "--ui-port", strconv.Itoa(o.UIPort))
+			s.UIAddress = fmt.Sprintf("http://127.0.0.1:%d", o.UIPort)
+		} else {
+			args = append(args, "--headless")
+		}
+		if o.DBFile != "" {
+			args = append(args, "--db-filename", o.DBFile)
+		}
+		s.path, s.args, s.log = path, args, o.Log
+		if s.log == nil {
+			s.log = io.Discard
+		}
+		err = s.start(ctx)
+		if err == nil {
+			return s, nil
+		}
+		if attempt == startAttempts || !errors.Is(err, errExited) {
+			return nil, err
+		}
+	}
+}
+
+// startAttempts bounds the starts tried when a server exits during its start.
+const startAttempts = 3
+
+// errExited marks a server that exited during its start.
+var errExited = errors.New("devserver: the Temporal dev server exited during start")
 
 func (s *Server) start(ctx context.Context) error {
 	cmd := exec.Command(s.path, s.args...)
-	cmd.Stdout, cmd.Stderr = s.log, s.log
+	tail := &tailWriter{w: s.log}
+	cmd.Stdout, cmd.Stderr = tail, tail
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("devserver: start %s: %w", s.path, err)
@@ -199,9 +220,37 @@ func (s *Server) start(ctx context.Context) error {
 	go func() { _ = cmd.Wait(); close(exited) }()
 	if err := s.waitReady(ctx, 60*time.Second); err != nil {
 		_ = s.Stop()
+		if errors.Is(err, errExited) {
+			if out := tail.String(); out != "" {
+				err = fmt.Errorf("%w; its last output: %s", err, out)
+			}
+		}
 		return err
 	}
 	return nil
+}
+
+// tailWriter passes output on to w and keeps its last 2 KiB, to explain a failed start.
+type tailWriter struct {
+	w   io.Writer
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (t *tailWriter) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > 2048 {
+		t.buf = t.buf[len(t.buf)-2048:]
+	}
+	t.mu.Unlock()
+	return t.w.Write(p)
+}
+
+func (t *tailWriter) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.buf))
 }
 
 // Crash SIGKILLs a dev server this process started, keeps it down for down, and starts
@@ -219,7 +268,14 @@ func (s *Server) Crash(ctx context.Context, down time.Duration) error {
 		return ctx.Err()
 	case <-t.C:
 	}
-	return s.start(ctx)
+	var err error
+	for range startAttempts {
+		// The server picks its internal ports anew; another process may hold one.
+		if err = s.start(ctx); !errors.Is(err, errExited) {
+			break
+		}
+	}
+	return err
 }
 
 func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
@@ -227,7 +283,7 @@ func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
 	for {
 		select {
 		case <-s.exited:
-			return errors.New("devserver: the Temporal dev server exited during start")
+			return errExited
 		default:
 		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
