@@ -133,16 +133,14 @@ func (ib *Inbox) Handle(ctx context.Context, subscriber, messageID string, fn Ha
 	tx := br.Tx()
 	recorded, err := recordResult(br)
 	if err != nil {
-		if c.PgConn().TxStatus() != 'I' {
-			if _, rbErr := c.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rbErr != nil {
-				err = errors.Join(err, rbErr)
-			}
+		if rbErr := rollback(context.WithoutCancel(ctx), c); rbErr != nil {
+			err = errors.Join(err, rbErr)
 		}
 		return Result{}, fmt.Errorf("oncekit/inbox: record %q: %w", messageID, err)
 	}
 	if !recorded {
 		// On the held connection: no second one from the pool.
-		return ib.duplicate(ctx, c, "ROLLBACK", subscriber, messageID)
+		return ib.duplicate(ctx, c, subscriber, messageID, "ROLLBACK")
 	}
 	return ib.run(ctx, tx, subscriber, messageID, fn,
 		func(ctx context.Context) error { return tx.Commit(ctx) },
@@ -197,7 +195,7 @@ func (ib *Inbox) HandleTx(ctx context.Context, tx pgx.Tx, subscriber, messageID 
 		return Result{}, fmt.Errorf("oncekit/inbox: record %q: %w", messageID, err)
 	}
 	if !recorded {
-		return ib.duplicate(ctx, tx, "ROLLBACK TO SAVEPOINT oncekit_inbox", subscriber, messageID)
+		return ib.duplicate(ctx, tx, subscriber, messageID, "ROLLBACK TO SAVEPOINT oncekit_inbox", "RELEASE SAVEPOINT oncekit_inbox")
 	}
 	return ib.run(ctx, tx, subscriber, messageID, fn,
 		func(ctx context.Context) error {
@@ -208,20 +206,7 @@ func (ib *Inbox) HandleTx(ctx context.Context, tx pgx.Tx, subscriber, messageID 
 
 // handleFirst is Handle under Config.FirstAttempt, on the held connection c.
 func (ib *Inbox) handleFirst(ctx context.Context, c *pgx.Conn, subscriber, messageID string, fn HandlerFunc) (res Result, err error) {
-	p := ib.pipe(c, true, "SAVEPOINT oncekit_inbox_fn", subscriber, messageID)
-	rollback := func(ctx context.Context) error {
-		if c.PgConn().TxStatus() == 'I' {
-			return nil
-		}
-		_, err := c.Exec(ctx, "ROLLBACK")
-		return err
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			_ = rollback(context.WithoutCancel(ctx))
-			panic(r)
-		}
-	}()
+	p := ib.pipe(c, true, subscriber, messageID)
 	res, err = ib.run(ctx, p, subscriber, messageID, fn,
 		func(ctx context.Context) error {
 			if !p.Sent() {
@@ -229,21 +214,34 @@ func (ib *Inbox) handleFirst(ctx context.Context, c *pgx.Conn, subscriber, messa
 				_, err := p.Exec(ctx, "COMMIT")
 				return err
 			}
+			// Commit, not an Exec of COMMIT: it reports a transaction fn left aborted,
+			// which PostgreSQL ends with a rollback.
 			return p.Current().Commit(ctx)
-		}, rollback)
+		},
+		func(ctx context.Context) error { return rollback(ctx, c) })
 	if !p.Refused() {
 		return res, err
 	}
 	// run has rolled the transaction back: the record's statement failed and aborted
 	// it, so the read could not travel with the rollback.
-	return ib.lookup(ctx, c, subscriber, messageID)
+	return ib.duplicate(ctx, c, subscriber, messageID)
+}
+
+// rollback ends c's transaction, if it is in one. ROLLBACK without arguments travels
+// with the simple protocol, which an aborted transaction accepts.
+func rollback(ctx context.Context, c *pgx.Conn) error {
+	if c.PgConn().TxStatus() == 'I' {
+		return nil
+	}
+	_, err := c.Exec(ctx, "ROLLBACK")
+	return err
 }
 
 // handleTxFirst is HandleTx under Config.FirstAttempt; undo rolls back to where the
 // call began.
 func (ib *Inbox) handleTxFirst(ctx context.Context, tx pgx.Tx, subscriber, messageID string, fn HandlerFunc,
 	undo func(context.Context) error) (Result, error) {
-	p := ib.pipe(tx, false, "SAVEPOINT oncekit_inbox_fn", subscriber, messageID)
+	p := ib.pipe(tx, false, subscriber, messageID)
 	sentUndo := func(ctx context.Context) error {
 		if !p.Sent() {
 			return nil
@@ -259,14 +257,15 @@ func (ib *Inbox) handleTxFirst(ctx context.Context, tx pgx.Tx, subscriber, messa
 		return res, err
 	}
 	// run has rolled back to the savepoint before the record.
-	return ib.lookup(ctx, tx, subscriber, messageID)
+	return ib.duplicate(ctx, tx, subscriber, messageID)
 }
 
 // pipe is the transaction a FirstAttempt handler runs in: the message's record, fenced
 // by savepoints, travels with the handler's first statement (and BEGIN when begin is
 // set; otherwise a savepoint to undo the call to).
-func (ib *Inbox) pipe(via pipetx.Sender, begin bool, fence, subscriber, messageID string) *pipetx.Tx {
-	prefix := []*pgx.QueuedQuery{pipetx.Queued(ib.q.claim, subscriber, messageID, pgsql.Interval(ib.cfg.Retention)), pipetx.Queued(fence)}
+func (ib *Inbox) pipe(via pipetx.Sender, begin bool, subscriber, messageID string) *pipetx.Tx {
+	prefix := []*pgx.QueuedQuery{pipetx.Queued(ib.q.claim, subscriber, messageID, pgsql.Interval(ib.cfg.Retention)),
+		pipetx.Queued("SAVEPOINT oncekit_inbox_fn")}
 	claimAt := 0
 	if !begin {
 		prefix = append([]*pgx.QueuedQuery{pipetx.Queued("SAVEPOINT oncekit_inbox")}, prefix...)
@@ -274,17 +273,6 @@ func (ib *Inbox) pipe(via pipetx.Sender, begin bool, fence, subscriber, messageI
 	}
 	return pipetx.New(pipetx.Config{Via: via, Begin: begin, Prefix: prefix, ClaimAt: claimAt,
 		Refused: ErrDuplicate, Managed: ledger.ErrManagedTx})
-}
-
-// lookup reads whether a duplicate was rejected, outside any transaction of the call.
-func (ib *Inbox) lookup(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, subscriber, messageID string) (Result, error) {
-	var state string
-	if err := q.QueryRow(ctx, ib.q.lookup, subscriber, messageID).Scan(&state); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return Result{}, fmt.Errorf("oncekit/inbox: read the record of %q: %w", messageID, err)
-	}
-	return Result{Duplicate: true, Rejected: state == "rejected"}, nil
 }
 
 // run calls fn and finishes: commit on success, record a rejection on a definitive
@@ -330,20 +318,19 @@ func (ib *Inbox) run(ctx context.Context, tx pgx.Tx, subscriber, messageID strin
 	return res, nil
 }
 
-// duplicate undoes the call's transaction (or savepoint) with rollback, and reads
-// whether the message was rejected, in one round trip. The INSERT met a live record, so
-// the message was handled within its retention: a duplicate, even if a purge removed
-// the record since (it is then reported as not rejected).
-func (ib *Inbox) duplicate(ctx context.Context, q batchSender, rollback, subscriber, messageID string) (Result, error) {
+// duplicate sends undo, the statements that end the call's transaction (or roll back
+// to its savepoint), and reads whether the message was rejected, in one round trip. The
+// record met a live one, so the message was handled within its retention: a duplicate,
+// even if a purge removed the record since (it is then reported as not rejected).
+func (ib *Inbox) duplicate(ctx context.Context, q pipetx.Sender, subscriber, messageID string, undo ...string) (Result, error) {
 	b := &pgx.Batch{}
-	b.Queue(rollback)
-	if rollback != "ROLLBACK" {
-		b.Queue("RELEASE SAVEPOINT oncekit_inbox")
+	for _, sql := range undo {
+		b.Queue(sql)
 	}
 	b.Queue(ib.q.lookup, subscriber, messageID)
 	br := q.SendBatch(ctx, b)
 	var err error
-	for range b.Len() - 1 {
+	for range undo {
 		if _, err = br.Exec(); err != nil {
 			break
 		}
@@ -361,11 +348,6 @@ func (ib *Inbox) duplicate(ctx context.Context, q batchSender, rollback, subscri
 		return Result{}, fmt.Errorf("oncekit/inbox: read the record of %q: %w", messageID, err)
 	}
 	return Result{Duplicate: true, Rejected: state == "rejected"}, nil
-}
-
-// batchSender is a connection or a transaction.
-type batchSender interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // queries holds the inbox's SQL with the schema filled in; each takes $1 subscriber
