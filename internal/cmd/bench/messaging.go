@@ -200,14 +200,5 @@ func floorTx(ctx context.Context, pool *pgxpool.Pool, first *pgx.QueuedQuery, wr
 			return err
 		}
 	}
-	if last == nil {
-		return tx.Commit(ctx)
-	}
-	b := &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{last}}
-	b.Queue("COMMIT")
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		_ = tx.Rollback(ctx)
-		return err
-	}
-	return nil
+	return finishFloor(ctx, tx, last)
 }
