@@ -242,3 +242,14 @@ func findBinDir() (string, error) {
 	}
 	return "", errors.New("pgtest: PostgreSQL binaries (initdb, postgres) not found on PATH or in /usr/lib/postgresql; install PostgreSQL or set DATABASE_URL")
 }
+
+// HasLibrary reports whether the server can load the shared library name (such as
+// "pg_stat_statements") from its library directory, next to its binaries.
+func HasLibrary(name string) bool {
+	binDir, err := findBinDir()
+	if err != nil {
+		return false
+	}
+	_, err = os.Stat(filepath.Join(binDir, "..", "lib", name+".so"))
+	return err == nil
+}

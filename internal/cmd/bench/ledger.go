@@ -30,6 +30,9 @@ type ledgerBench struct {
 	reps   int
 	rounds int
 	burst  int // operations of one scenario in a row, per client
+	// serverTime says the cluster has pg_stat_statements loaded (and tracking nothing):
+	// each repetition then also measures the server's time per operation.
+	serverTime bool
 }
 
 // env is one pool and ledger, with a round-trip counter on its connections.
@@ -399,6 +402,15 @@ func (b ledgerBench) run(ctx context.Context, out io.Writer) error {
 					figures.add(fmt.Sprintf("ledger.%s.%s", r[0], v.suffix), lat[r[1]]/lat[r[2]])
 				}
 			}
+			if b.serverTime {
+				st, err := serverTimes(ctx, url, b.rounds)
+				if err != nil {
+					return err
+				}
+				for _, name := range scenarioNames {
+					figures.add("ledger.server_us."+name, st[name])
+				}
+			}
 			if rep == 0 {
 				return measureCosts(ctx, url, line)
 			}
@@ -415,6 +427,9 @@ func (b ledgerBench) run(ctx context.Context, out io.Writer) error {
 		for _, name := range scenarioNames {
 			order = append(order, fmt.Sprintf("ledger.%s_us.%s", name, v.suffix))
 		}
+	}
+	for _, name := range scenarioNames {
+		order = append(order, "ledger.server_us."+name)
 	}
 	figures.emit(line, order)
 	return nil
@@ -480,6 +495,60 @@ func measureCosts(ctx context.Context, url string, line func(string)) error {
 		line(fmt.Sprintf("metric ledger.xids.%s %.3g", name, per(after.xids, before.xids)))
 	}
 	return nil
+}
+
+// serverTimes measures each scenario's server time per operation: the time PostgreSQL
+// spent planning and executing its statements, COMMIT (the WAL flush) aside, as
+// pg_stat_statements records it on this pass's own connection. Scenarios run in bursts,
+// in a fresh random order every round, as the latency passes run them; each figure is
+// the median over the rounds of a burst's time per operation.
+func serverTimes(ctx context.Context, url string, rounds int) (map[string]float64, error) {
+	const burst = 10
+	e, err := newEnv(ctx, url, 1, map[string]string{"pg_stat_statements.track": "top"})
+	if err != nil {
+		return nil, err
+	}
+	defer e.pool.Close()
+	if _, err := e.pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public"); err != nil {
+		return nil, err
+	}
+	if err := e.seedReplays(ctx, 20); err != nil {
+		return nil, err
+	}
+	// The read names pg_stat, and leaves itself out.
+	read := func() (ms float64, err error) {
+		err = e.pool.QueryRow(ctx, `SELECT coalesce(sum(total_plan_time + total_exec_time), 0)
+			FROM public.pg_stat_statements WHERE lower(query) <> 'commit' AND query NOT LIKE '%pg_stat%'`).Scan(&ms)
+		return ms, err
+	}
+	samples := map[string][]float64{}
+	order := e.scenarios()
+	for round := -1; round < rounds; round++ {
+		rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		for _, s := range order {
+			before, err := read()
+			if err != nil {
+				return nil, err
+			}
+			for i := range burst {
+				if err := s.op(ctx, i); err != nil {
+					return nil, fmt.Errorf("%s: %w", s.name, err)
+				}
+			}
+			after, err := read()
+			if err != nil {
+				return nil, err
+			}
+			if round >= 0 { // the first round warms the statement cache
+				samples[s.name] = append(samples[s.name], (after-before)*1000/burst)
+			}
+		}
+	}
+	med := map[string]float64{}
+	for name, xs := range samples {
+		med[name] = median(xs)
+	}
+	return med, nil
 }
 
 type costStats struct{ records, bytes, syncs, xids int64 }

@@ -64,6 +64,18 @@ func repeatedGroup(server func(context.Context) (string, func(), error), reps in
 	}
 }
 
+// clusterOpts are the settings of the clusters the groups measure on: durable, as in
+// production, with pg_stat_statements loaded, when the server has it, but tracking
+// nothing until the ledger group's cost pass turns it on for its own connections.
+func clusterOpts() *pgtest.ClusterOpts {
+	o := &pgtest.ClusterOpts{Durable: true}
+	if pgtest.HasLibrary("pg_stat_statements") {
+		o.Settings = map[string]string{"shared_preload_libraries": "pg_stat_statements",
+			"pg_stat_statements.track": "none", "pg_stat_statements.track_planning": "on"}
+	}
+	return o
+}
+
 // freshServer returns a fresh durable cluster for each call, or the DATABASE_URL
 // server (with the schema recreated by each repetition) when it is set.
 func freshServer(databaseURL string) func(context.Context) (string, func(), error) {
@@ -71,7 +83,7 @@ func freshServer(databaseURL string) func(context.Context) (string, func(), erro
 		if os.Getenv("DATABASE_URL") != "" {
 			return databaseURL, func() {}, nil
 		}
-		c, err := pgtest.StartCluster(ctx, &pgtest.ClusterOpts{Durable: true})
+		c, err := pgtest.StartCluster(ctx, clusterOpts())
 		if err != nil {
 			return "", nil, err
 		}
@@ -83,7 +95,7 @@ func run(quick bool, only string) error {
 	ctx := context.Background()
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
-		c, err := pgtest.StartCluster(ctx, &pgtest.ClusterOpts{Durable: true})
+		c, err := pgtest.StartCluster(ctx, clusterOpts())
 		if err != nil {
 			return err
 		}
@@ -100,7 +112,8 @@ func run(quick bool, only string) error {
 		name string
 		run  func(context.Context, io.Writer) error
 	}{
-		{"ledger", ledgerBench{server: freshServer(url), reps: scale(4, 1), rounds: scale(60, 2), burst: 5}.run},
+		{"ledger", ledgerBench{server: freshServer(url), reps: scale(4, 1), rounds: scale(60, 2), burst: 5,
+			serverTime: os.Getenv("DATABASE_URL") == "" && clusterOpts().Settings != nil}.run},
 		{"http", repeatedGroup(freshServer(url), scale(4, 1), func(url string) func(context.Context, io.Writer) error {
 			return httpBench{url: url, rounds: scale(200, 2), opsPerRound: 5}.run
 		})},
