@@ -66,7 +66,7 @@ func repeatedGroup(server func(context.Context) (string, func(), error), reps in
 
 // clusterOpts are the settings of the clusters the groups measure on: durable, as in
 // production, with pg_stat_statements loaded, when the server has it, but tracking
-// nothing until the ledger group's cost pass turns it on for its own connections.
+// nothing until the ledger group's server-time pass turns it on for its own connection.
 func clusterOpts() *pgtest.ClusterOpts {
 	o := &pgtest.ClusterOpts{Durable: true}
 	if pgtest.HasLibrary("pg_stat_statements") {
