@@ -4,15 +4,18 @@ import (
 	"context"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Trips counts the network round trips of the connections it dials: a write that
-// follows a read starts a new one.
+// Trips counts the network round trips of the connections it dials (a write that
+// follows a read starts a new one) and the time their reads spent waiting for the
+// server.
 type Trips struct {
-	mu sync.Mutex
-	n  int64
+	mu   sync.Mutex
+	n    int64
+	wait time.Duration
 }
 
 // Dial wraps dial (nil means a plain net.Dialer) so that its connections are counted.
@@ -29,11 +32,19 @@ func (t *Trips) Dial(dial pgconn.DialFunc) pgconn.DialFunc {
 	}
 }
 
-// Reset sets the count to zero.
+// Reset sets the count and the wait to zero.
 func (t *Trips) Reset() {
 	t.mu.Lock()
-	t.n = 0
+	t.n, t.wait = 0, 0
 	t.mu.Unlock()
+}
+
+// Wait returns the time spent in reads since the last Reset: with one connection at
+// a time, an operation's time less its Wait is the time the client itself took.
+func (t *Trips) Wait() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.wait
 }
 
 // Load returns the round trips counted since the last Reset.
@@ -61,11 +72,14 @@ func (c *countingConn) Write(p []byte) (int, error) {
 }
 
 func (c *countingConn) Read(p []byte) (int, error) {
+	start := time.Now()
 	n, err := c.Conn.Read(p)
+	d := time.Since(start)
+	c.t.mu.Lock()
+	c.t.wait += d
 	if n > 0 {
-		c.t.mu.Lock()
 		c.sawRead = true
-		c.t.mu.Unlock()
 	}
+	c.t.mu.Unlock()
 	return n, err
 }

@@ -31,7 +31,8 @@ type ledgerBench struct {
 	rounds int
 	burst  int // operations of one scenario in a row, per client
 	// serverTime says the cluster has pg_stat_statements loaded (and tracking nothing):
-	// each repetition then also measures the server's time per operation.
+	// each repetition then also splits an operation's time into the server's and the
+	// client's.
 	serverTime bool
 }
 
@@ -403,12 +404,13 @@ func (b ledgerBench) run(ctx context.Context, out io.Writer) error {
 				}
 			}
 			if b.serverTime {
-				st, err := serverTimes(ctx, url, b.rounds)
+				server, client, err := splitTimes(ctx, url, b.rounds)
 				if err != nil {
 					return err
 				}
 				for _, name := range scenarioNames {
-					figures.add("ledger.server_us."+name, st[name])
+					figures.add("ledger.server_us."+name, server[name])
+					figures.add("ledger.client_us."+name, client[name])
 				}
 			}
 			if rep == 0 {
@@ -429,7 +431,7 @@ func (b ledgerBench) run(ctx context.Context, out io.Writer) error {
 		}
 	}
 	for _, name := range scenarioNames {
-		order = append(order, "ledger.server_us."+name)
+		order = append(order, "ledger.server_us."+name, "ledger.client_us."+name)
 	}
 	figures.emit(line, order)
 	return nil
@@ -497,23 +499,24 @@ func measureCosts(ctx context.Context, url string, line func(string)) error {
 	return nil
 }
 
-// serverTimes measures each scenario's server time per operation: the time PostgreSQL
-// spent planning and executing its statements, COMMIT (the WAL flush) aside, as
-// pg_stat_statements records it on this pass's own connection. Scenarios run in bursts,
-// in a fresh random order every round, as the latency passes run them; each figure is
-// the median over the rounds of a burst's time per operation.
-func serverTimes(ctx context.Context, url string, rounds int) (map[string]float64, error) {
+// splitTimes splits each scenario's time per operation in two, on one connection:
+// the time PostgreSQL spent planning and executing its statements, COMMIT (the WAL
+// flush) aside, as pg_stat_statements records it; and the time the client itself took,
+// the operation's time less the time its reads waited for the server. Scenarios run in
+// bursts, in a fresh random order every round, as the latency passes run them; each
+// figure is the median over the rounds of a burst's time per operation.
+func splitTimes(ctx context.Context, url string, rounds int) (server, client map[string]float64, err error) {
 	const burst = 10
 	e, err := newEnv(ctx, url, 1, map[string]string{"pg_stat_statements.track": "top"})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer e.pool.Close()
 	if _, err := e.pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := e.seedReplays(ctx, 20); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// The read names pg_stat, and leaves itself out.
 	read := func() (ms float64, err error) {
@@ -521,34 +524,38 @@ func serverTimes(ctx context.Context, url string, rounds int) (map[string]float6
 			FROM public.pg_stat_statements WHERE lower(query) <> 'commit' AND query NOT LIKE '%pg_stat%'`).Scan(&ms)
 		return ms, err
 	}
-	samples := map[string][]float64{}
+	serverSamples, clientSamples := map[string][]float64{}, map[string][]float64{}
 	order := e.scenarios()
 	for round := -1; round < rounds; round++ {
 		rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 		for _, s := range order {
 			before, err := read()
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
+			e.trips.Reset()
+			start := time.Now()
 			for i := range burst {
 				if err := s.op(ctx, i); err != nil {
-					return nil, fmt.Errorf("%s: %w", s.name, err)
+					return nil, nil, fmt.Errorf("%s: %w", s.name, err)
 				}
 			}
+			own := time.Since(start) - e.trips.Wait()
 			after, err := read()
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if round >= 0 { // the first round warms the statement cache
-				samples[s.name] = append(samples[s.name], (after-before)*1000/burst)
+				serverSamples[s.name] = append(serverSamples[s.name], (after-before)*1000/burst)
+				clientSamples[s.name] = append(clientSamples[s.name], float64(own.Nanoseconds())/1e3/burst)
 			}
 		}
 	}
-	med := map[string]float64{}
-	for name, xs := range samples {
-		med[name] = median(xs)
+	server, client = map[string]float64{}, map[string]float64{}
+	for name := range serverSamples {
+		server[name], client[name] = median(serverSamples[name]), median(clientSamples[name])
 	}
-	return med, nil
+	return server, client, nil
 }
 
 type costStats struct{ records, bytes, syncs, xids int64 }
