@@ -358,23 +358,19 @@ type queries struct {
 
 func newQueries(schema string) queries {
 	t := pgx.Identifier{schema, "inbox_messages"}.Sanitize()
-	return queries{
-		// $3 retention. An expired record is taken over: the message is new again. A
-		// live one leaves the INSERT without a row; a concurrent delivery's uncommitted
-		// record makes it wait for that transaction.
-		insert: `INSERT INTO ` + t + ` AS r (subscriber, message_id, received_at, expires_at) VALUES ($1, $2, now(), now() + $3::interval)
+	// $3 retention. An expired record is taken over: the message is new again. A live
+	// one leaves the INSERT without a row; a concurrent delivery's uncommitted record
+	// makes it wait for that transaction.
+	insert := `INSERT INTO ` + t + ` AS r (subscriber, message_id, received_at, expires_at) VALUES ($1, $2, now(), now() + $3::interval)
 			ON CONFLICT (subscriber, message_id) DO UPDATE SET state = 'processed', error = NULL,
 				received_at = excluded.received_at, expires_at = excluded.expires_at
-			WHERE r.expires_at <= now()`,
+			WHERE r.expires_at <= now()`
+	return queries{
+		insert: insert,
 		// insert as a claim for a pipeline: it fails, dividing by zero, when the
 		// message has a live record, which makes PostgreSQL skip the statements sent
 		// behind it.
-		claim: `WITH recorded AS (INSERT INTO ` + t + ` AS r (subscriber, message_id, received_at, expires_at) VALUES ($1, $2, now(), now() + $3::interval)
-			ON CONFLICT (subscriber, message_id) DO UPDATE SET state = 'processed', error = NULL,
-				received_at = excluded.received_at, expires_at = excluded.expires_at
-			WHERE r.expires_at <= now()
-			RETURNING 1)
-			SELECT 1 / count(*)::int FROM recorded`,
+		claim:  `WITH recorded AS (` + insert + ` RETURNING 1) SELECT 1 / count(*)::int FROM recorded`,
 		lookup: `SELECT state FROM ` + t + ` WHERE subscriber = $1 AND message_id = $2`,
 		// $3 the rejection.
 		reject: `UPDATE ` + t + ` SET state = 'rejected', error = $3 WHERE subscriber = $1 AND message_id = $2`,

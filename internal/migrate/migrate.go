@@ -170,6 +170,7 @@ func Versions(ctx context.Context, q Querier, schema string) (map[string]int, er
 	if err != nil {
 		return nil, err
 	}
+	defer rows.Close()
 	out := map[string]int{}
 	for rows.Next() {
 		var line string

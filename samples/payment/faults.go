@@ -37,10 +37,12 @@ type faultCounts struct {
 	injecting                                         bool // server faults are configured
 }
 
-// progress is what the progress line adds: the faults and errors, when there are any to
-// speak of.
+// any says whether there are faults or errors to speak of.
+func (c *faultCounts) any() bool { return c.injecting || c.errors.Load() > 0 }
+
+// progress is what the progress line adds: the faults and errors, when there are any.
 func (c *faultCounts) progress() string {
-	if !c.injecting && c.errors.Load() == 0 {
+	if !c.any() {
 		return ""
 	}
 	return "; " + c.String()

@@ -194,7 +194,7 @@ func run(cfg config) (demoReport, error) {
 	if err := retry(reportCtx, "check for leftovers", func() error { return rep.checkLeftovers(reportCtx, pool, c) }); err != nil {
 		return demoReport{}, err
 	}
-	if counts.progress() != "" {
+	if counts.any() {
 		rep.faults = counts.String()
 	}
 	fmt.Println()

@@ -176,14 +176,17 @@ func (e *env) floorRecord() *pgx.QueuedQuery {
 // ledgerFloorRecord is the ledger's own record statement aimed at the floor's table.
 func (e *env) ledgerFloorRecord() *pgx.QueuedQuery {
 	return &pgx.QueuedQuery{SQL: ledgerRecord, Arguments: []any{"bench", "orders.create", uuid.NewString(), nil, string(e.fp),
-		pgtype.Interval{Microseconds: (30 * 24 * time.Hour).Microseconds(), Valid: true}, 201, []byte(`{"status":"created"}`), nil}}
+		recordRetention, 201, []byte(`{"status":"created"}`), nil}}
 }
+
+// recordRetention is the floor records' retention, as the ledger passes it.
+var recordRetention = pgtype.Interval{Microseconds: (30 * 24 * time.Hour).Microseconds(), Valid: true}
 
 // ledgerFloorRecordNow is ledgerFloorRecord with the database clock written in, no clock
 // parameter: what the record would cost without the test clock's coalesce.
 func (e *env) ledgerFloorRecordNow() *pgx.QueuedQuery {
 	return &pgx.QueuedQuery{SQL: ledgerRecordNow, Arguments: []any{"bench", "orders.create", uuid.NewString(), string(e.fp),
-		pgtype.Interval{Microseconds: (30 * 24 * time.Hour).Microseconds(), Valid: true}, 201, []byte(`{"status":"created"}`), nil}}
+		recordRetention, 201, []byte(`{"status":"created"}`), nil}}
 }
 
 const ledgerRecordNow = `INSERT INTO floor_records (tenant, operation, key, fingerprint, state, status_code, body, resource_ref, attempts, created_at, updated_at, expires_at)
