@@ -148,7 +148,6 @@ const maxClaimTries = 5
 func (l *Ledger) do(ctx context.Context, in Intent, fn Func, o DoOpts, lt localTx) (Result, error) {
 	start := time.Now()
 	retention := l.retention(in.Scope.Operation, o.Retention)
-	lock := l.lockKey(in)
 	lookFirst := !o.FirstAttempt && !o.ClaimFirst
 	for try := 0; ; try++ {
 		if lookFirst {
@@ -163,7 +162,7 @@ func (l *Ledger) do(ctx context.Context, in Intent, fn Func, o DoOpts, lt localT
 		if o.FirstAttempt && try == 0 {
 			mode = lt.firstAttemptMode()
 		}
-		res, execErr, decided := l.execute(ctx, in, fn, lt, lock, retention, mode)
+		res, execErr, decided := l.execute(ctx, in, fn, lt, retention, mode)
 		if decided {
 			return res, execErr
 		}
@@ -186,7 +185,7 @@ func (l *Ledger) do(ctx context.Context, in Intent, fn Func, o DoOpts, lt localT
 			if left <= 0 {
 				return Result{}, &InProgressError{Scope: in.Scope, Key: in.Key, Waited: time.Since(start)}
 			}
-			if err := lt.waitFor(ctx, lock, left); err != nil {
+			if err := lt.waitFor(ctx, l.lockKey(in), left); err != nil {
 				if pgsql.Code(err) == pgsql.LockNotAvailable {
 					return Result{}, &InProgressError{Scope: in.Scope, Key: in.Key, Waited: time.Since(start)}
 				}
@@ -225,9 +224,9 @@ const (
 // execute claims the key, runs fn and finishes the transaction by fn's outcome. decided
 // is false when the claim was refused or the commit met another attempt's record: then
 // nothing of this attempt remains, and the key's record decides the call.
-func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lock int64, retention time.Duration, mode claimMode) (res Result, err error, decided bool) {
+func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, retention time.Duration, mode claimMode) (res Result, err error, decided bool) {
 	cleanup := context.WithoutCancel(ctx)
-	p := lt.begin(in, lock, mode)
+	p := lt.begin(in, mode)
 	if mode == claimFirst {
 		if err := p.Flush(ctx); err != nil && !p.Refused() {
 			if aerr := lt.abort(cleanup, p); aerr != nil {
@@ -262,7 +261,7 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lo
 		if errors.As(fnErr, &derr) {
 			// Store the failure under a claim, as a claim-first execution would.
 			failed := func(context.Context, pgx.Tx) (Response, error) { return Response{}, fnErr }
-			return l.execute(ctx, in, failed, lt, lock, retention, claimFirst)
+			return l.execute(ctx, in, failed, lt, retention, claimFirst)
 		}
 		// fn may have failed because the intent was carried out before: then its
 		// record, not fn's error, is the answer.
@@ -273,12 +272,12 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lo
 		}
 		return Result{}, fnErr, true
 	}
-	var created time.Time
+	created := l.recordedAt()
 	var what string
 	switch {
 	case errors.As(fnErr, &derr):
 		what = "store failure"
-		created, err = commitFailure(ctx, lt, p, l.q.insertFailed, l.failedArgs(in, derr, retention))
+		err = commitFailure(ctx, lt, p, l.q.insertFailed, l.failedArgs(in, derr, retention, created))
 	case fnErr != nil:
 		if err := lt.abort(cleanup, p); err != nil {
 			return Result{}, errors.Join(fnErr, err), true
@@ -297,7 +296,7 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, lo
 			return Result{}, errors.Join(faultpoint.ErrCrashed, lt.abort(cleanup, p)), true
 		}
 		what = "store result"
-		created, err = finish(ctx, lt, p, l.q.insertCompleted, l.completedArgs(in, resp, retention))
+		err = finish(ctx, lt, p, l.q.insertCompleted, l.completedArgs(in, resp, retention, created))
 	}
 	if err != nil {
 		aerr := lt.abort(cleanup, p)

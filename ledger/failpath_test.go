@@ -359,6 +359,40 @@ func TestDo_CreatedAtIsTheRecordedTime(t *testing.T) {
 	}
 }
 
+// Without a test clock, a first execution records the time its process read when fn
+// returned, which it and every replay report, and its record expires a retention after
+// that time (the database's clock at the transaction's start is earlier here).
+func TestDo_RecordTimesWithoutTestClock(t *testing.T) {
+	t.Parallel()
+	_, b := setup(t, nil)
+	l, err := ledger.New(b.pool, &ledger.Config{Schema: b.schema, Retention: time.Hour})
+	require.NoError(t, err)
+	ctx := context.Background()
+	req := order{Item: "cap", Amount: 1}
+	for _, first := range []bool{false, true} {
+		in := intent(t, "acme", "order-cap-"+map[bool]string{false: "a", true: "b"}[first], req)
+		before := time.Now().Truncate(time.Microsecond)
+		res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{FirstAttempt: first})
+		require.NoError(t, err)
+		after := time.Now()
+		require.False(t, res.CreatedAt.Before(before) || res.CreatedAt.After(after), "CreatedAt %s outside [%s, %s]", res.CreatedAt, before, after)
+		require.Zero(t, res.CreatedAt.Nanosecond()%1000, "CreatedAt %s is finer than PostgreSQL keeps", res.CreatedAt)
+
+		replay, err := l.Do(ctx, in, createOrder("acme", req), nil)
+		require.NoError(t, err)
+		require.True(t, replay.Replayed)
+		require.True(t, replay.CreatedAt.Equal(res.CreatedAt), "first %s, replay %s", res.CreatedAt, replay.CreatedAt)
+		rec, err := l.Get(ctx, in.Scope, in.Key)
+		require.NoError(t, err)
+		require.True(t, rec.CreatedAt.Equal(res.CreatedAt) && rec.UpdatedAt.Equal(res.CreatedAt), "record %s/%s, first %s", rec.CreatedAt, rec.UpdatedAt, res.CreatedAt)
+
+		var left float64
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT extract(epoch FROM expires_at - now()) FROM idempotency_records WHERE key = $1`, string(in.Key)).Scan(&left))
+		require.InDelta(t, time.Hour.Seconds(), left, 30, "the record expires a retention from now")
+		require.Equal(t, time.Hour, rec.ExpiresAt.Sub(rec.CreatedAt), "the record expires a retention after its time")
+	}
+}
+
 // A first attempt sends no claim: of two concurrent ones, the first to commit wins,
 // the other's writes are rolled back and it replays the winner's result. An error of
 // fn for an intent already carried out is answered by the record.

@@ -47,8 +47,9 @@ const (
 
 // TestConfig holds the knobs of [Config] that exist for tests.
 type TestConfig struct {
-	// NowFunc, when set, replaces the database clock for expiry and leases, for tests
-	// that move time. Left nil, every node shares the database's clock.
+	// NowFunc, when set, replaces the database clock for expiry and leases, and the
+	// process's clock for the time Do and DoTx record, for tests that move time. Left
+	// nil, expiry and leases follow the database's clock, which every node shares.
 	NowFunc func() time.Time
 }
 
@@ -154,6 +155,16 @@ func (l *Ledger) retention(op string, override time.Duration) time.Duration {
 		return d
 	}
 	return l.cfg.Retention
+}
+
+// recordedAt is the time a local-mode record is written with: the stubbed time, or the
+// process's clock, to the microsecond PostgreSQL keeps. The record's expiry is reckoned
+// from it, but never from before the database's clock at the transaction's start.
+func (l *Ledger) recordedAt() time.Time {
+	if l.cfg.Test.NowFunc != nil {
+		return l.cfg.Test.NowFunc().Truncate(time.Microsecond)
+	}
+	return time.Now().Truncate(time.Microsecond)
 }
 
 // now returns the stubbed time, or nil so that SQL uses the database's now().

@@ -32,7 +32,7 @@ type localTx interface {
 	// q reads records: outside any transaction for ownTx, inside the caller's for callerTx.
 	q() querier
 	// begin prepares the claim of in for mode and returns the transaction fn runs in.
-	begin(in Intent, lock int64, mode claimMode) *pipetx.Tx
+	begin(in Intent, mode claimMode) *pipetx.Tx
 	// firstAttemptMode is how a first attempt (DoOpts.FirstAttempt) claims.
 	firstAttemptMode() claimMode
 	// end is the statement that makes the record and fn's writes final: COMMIT, or the
@@ -63,8 +63,9 @@ func (l *Ledger) lockKey(in Intent) int64 {
 	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
 }
 
-func (l *Ledger) claimArgs(in Intent, lock int64) []any {
-	return []any{lock, in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now()}
+// claimArgs are the parameters of a claim: the key's lock, then the key and the clock.
+func (l *Ledger) claimArgs(in Intent) []any {
+	return []any{l.lockKey(in), in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now()}
 }
 
 // ownTx is the ledger's own transaction on a pooled connection.
@@ -118,15 +119,15 @@ func (o *ownTx) q() querier {
 	return o.conn
 }
 
-func (o *ownTx) begin(in Intent, lock int64, mode claimMode) *pipetx.Tx {
+func (o *ownTx) begin(in Intent, mode claimMode) *pipetx.Tx {
 	switch mode {
 	case optimistic:
 		return newPipeTx(o.conn, true, -1, false)
 	case claimFirst:
-		return newPipeTx(o.conn, true, 0, true, pipetx.Queued(o.l.q.claimCheck, o.l.claimArgs(in, lock)...), pipetx.Queued("SAVEPOINT oncekit_fn"))
+		return newPipeTx(o.conn, true, 0, true, pipetx.Queued(o.l.q.claimCheck, o.l.claimArgs(in)...), pipetx.Queued("SAVEPOINT oncekit_fn"))
 	}
 	return newPipeTx(o.conn, true, 0, false,
-		pipetx.Queued(o.l.q.claimLocal, o.l.claimArgs(in, lock)...),
+		pipetx.Queued(o.l.q.claimLocal, o.l.claimArgs(in)...),
 		pipetx.Queued("SAVEPOINT oncekit_fn"))
 }
 
@@ -188,14 +189,14 @@ func (c *callerTx) q() querier { return c.outer }
 
 // begin always claims: an optimistic attempt would find a concurrent one only at its
 // INSERT, and wait there as long as that attempt's transaction, the caller's, lasts.
-func (c *callerTx) begin(in Intent, lock int64, mode claimMode) *pipetx.Tx {
+func (c *callerTx) begin(in Intent, mode claimMode) *pipetx.Tx {
 	claim := c.l.q.claimLocal
 	if mode == claimFirst {
 		claim = c.l.q.claimCheck
 	}
 	return newPipeTx(c.outer, false, 1, mode == claimFirst,
 		pipetx.Queued("SAVEPOINT oncekit_claim"),
-		pipetx.Queued(claim, c.l.claimArgs(in, lock)...),
+		pipetx.Queued(claim, c.l.claimArgs(in)...),
 		pipetx.Queued("SAVEPOINT oncekit_fn"))
 }
 
@@ -244,9 +245,9 @@ func (c *callerTx) deleteExpired(ctx context.Context, in Intent) error {
 
 // commitFailure undoes fn's writes, stores the failure and makes it final. It works
 // whatever state fn left the transaction in, aborted included.
-func commitFailure(ctx context.Context, lt localTx, p *pipetx.Tx, insert string, args []any) (time.Time, error) {
+func commitFailure(ctx context.Context, lt localTx, p *pipetx.Tx, insert string, args []any) error {
 	if err := undoFn(ctx, p); err != nil {
-		return time.Time{}, err
+		return err
 	}
 	return finish(ctx, lt, p, insert, args)
 }
@@ -254,9 +255,9 @@ func commitFailure(ctx context.Context, lt localTx, p *pipetx.Tx, insert string,
 // finish inserts the record and ends (commit or release), in one round trip. In the
 // ledger's own transaction the pgx.Tx handed to fn is done with after it; it is not
 // committed through pgx because that would cost a round trip of its own.
-func finish(ctx context.Context, lt localTx, p *pipetx.Tx, insert string, args []any) (time.Time, error) {
+func finish(ctx context.Context, lt localTx, p *pipetx.Tx, insert string, args []any) error {
 	if p.Sent() && p.Err() == nil && lt.txStatus() != 'T' {
-		return time.Time{}, ErrTxAborted
+		return ErrTxAborted
 	}
 	return insertAndEnd(ctx, p, insert, args, lt.end())
 }
@@ -273,25 +274,17 @@ func undoFn(ctx context.Context, p *pipetx.Tx) error {
 	return err
 }
 
-// insertAndEnd inserts the record, reads its creation time and ends the transaction (or
-// releases the caller's savepoint), in one round trip.
-func insertAndEnd(ctx context.Context, p *pipetx.Tx, insert string, args []any, end string) (time.Time, error) {
+// insertAndEnd inserts the record and ends the transaction (or releases the caller's
+// savepoint), in one round trip.
+func insertAndEnd(ctx context.Context, p *pipetx.Tx, insert string, args []any, end string) error {
 	b := &pgx.Batch{}
 	b.Queue(insert, args...)
 	b.Queue(end)
 	br, err := p.Send(ctx, b)
 	if err != nil {
-		return time.Time{}, err
+		return err
 	}
-	var created time.Time
-	err = br.QueryRow().Scan(&created)
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	return created, err
+	return br.Close()
 }
 
 const (
@@ -307,14 +300,14 @@ func lockTimeout(d time.Duration) string {
 	return strconv.FormatInt(min(max(d, time.Millisecond), maxLockTimeout).Milliseconds(), 10) + "ms"
 }
 
-func (l *Ledger) completedArgs(in Intent, resp Response, retention time.Duration) []any {
+func (l *Ledger) completedArgs(in Intent, resp Response, retention time.Duration, at time.Time) []any {
 	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(), string(in.Fingerprint),
-		pgsql.Interval(retention), resp.Code, resp.Body, nullable(resp.ResourceRef)}
+		pgsql.Interval(retention), resp.Code, resp.Body, nullable(resp.ResourceRef), at}
 }
 
-func (l *Ledger) failedArgs(in Intent, derr *DefinitiveError, retention time.Duration) []any {
+func (l *Ledger) failedArgs(in Intent, derr *DefinitiveError, retention time.Duration, at time.Time) []any {
 	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(), string(in.Fingerprint),
-		pgsql.Interval(retention), storableText(derr.Code), storableText(derr.Message)}
+		pgsql.Interval(retention), storableText(derr.Code), storableText(derr.Message), at}
 }
 
 // storableText makes s storable as PostgreSQL text: invalid UTF-8 and NUL bytes become

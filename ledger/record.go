@@ -41,7 +41,9 @@ type Result struct {
 	Replayed bool
 	// Attempts counts the attempts that owned the key (external-effect mode).
 	Attempts int
-	// CreatedAt is when the intent was first recorded.
+	// CreatedAt is when the intent was first recorded, to the microsecond: by the clock of
+	// the process whose Do or DoTx ran it (Config.Test.NowFunc when set), taken as fn
+	// returned; for Claim, by the database's clock. Replays return the same time.
 	CreatedAt time.Time
 }
 
@@ -61,6 +63,11 @@ type Record struct {
 	// Uncertain is set when an attempt reported that its external call may have happened.
 	Uncertain bool
 	Attempts  int
+	// CreatedAt and UpdatedAt say when, as Result.CreatedAt does: a record written by Do
+	// or DoTx holds the clock of the process that wrote it. Such a record expires its
+	// retention after that time, or after its transaction began by the database's clock
+	// if that is later, so a process whose clock is behind cannot make it expire early.
+	// LeaseUntil is reckoned by the database's clock (or Config.Test.NowFunc).
 	CreatedAt time.Time
 	UpdatedAt time.Time
 	ExpiresAt time.Time

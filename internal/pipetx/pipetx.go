@@ -305,6 +305,9 @@ func (r *pipeRow) Scan(dest ...any) error {
 // protocol, which allows several statements in one string where a batch does not.
 func pipelinable(sql string, args []any) bool {
 	if len(args) == 0 {
+		if strings.IndexByte(sql, ';') < 0 {
+			return true
+		}
 		s := strings.TrimRight(sql, " \t\r\n;")
 		return !strings.Contains(s, ";")
 	}

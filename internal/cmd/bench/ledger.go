@@ -95,7 +95,7 @@ func newEnv(ctx context.Context, url string, conns int32, params map[string]stri
 //   - first_metered: first on a ledger whose metrics are recorded (an in-memory meter
 //     summing every counter), so metered_vs_first prices the instruments.
 var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_metered", "first_lookup", "first_claim", "replay", "replay_claim", "naive",
-	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout", "floor_ledger_record", "floor_ledger_record_now", "floor_ledger_record_noreturn"}
+	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout", "floor_ledger_record", "floor_ledger_record_returning"}
 
 // The probes price the statements a first execution could add to floor_pipelined, one
 // at a time: the savepoint, the advisory try-lock, the whole claim, claim and savepoint
@@ -173,30 +173,28 @@ func (e *env) floorRecord() *pgx.QueuedQuery {
 	return &pgx.QueuedQuery{SQL: insertFloorRecord, Arguments: []any{uuid.NewString(), string(e.fp), []byte(`{"status":"created"}`)}}
 }
 
-// ledgerFloorRecord is the ledger's own record statement aimed at the floor's table.
-func (e *env) ledgerFloorRecord() *pgx.QueuedQuery {
-	return &pgx.QueuedQuery{SQL: ledgerRecord, Arguments: []any{"bench", "orders.create", uuid.NewString(), nil, string(e.fp),
-		recordRetention, 201, []byte(`{"status":"created"}`), nil}}
+// ledgerFloorRecord is the ledger's own record statement aimed at the floor's table:
+// floor_ledger_record is floor_pipelined with it, so first against it is Do's Go code
+// alone. With returning set it is the statement the ledger sent before, which read the
+// database's clock back (floor_ledger_record_returning).
+func (e *env) ledgerFloorRecord(returning bool) *pgx.QueuedQuery {
+	args := []any{"bench", "orders.create", uuid.NewString(), nil, string(e.fp), recordRetention, 201, []byte(`{"status":"created"}`), nil}
+	if returning {
+		return &pgx.QueuedQuery{SQL: ledgerRecordReturning, Arguments: args}
+	}
+	return &pgx.QueuedQuery{SQL: ledgerRecord, Arguments: append(args, time.Now().Truncate(time.Microsecond))}
 }
 
 // recordRetention is the floor records' retention, as the ledger passes it.
 var recordRetention = pgtype.Interval{Microseconds: (30 * 24 * time.Hour).Microseconds(), Valid: true}
 
-// ledgerFloorRecordNow is ledgerFloorRecord with the database clock written in, no clock
-// parameter: what the record would cost without the test clock's coalesce.
-func (e *env) ledgerFloorRecordNow() *pgx.QueuedQuery {
-	return &pgx.QueuedQuery{SQL: ledgerRecordNow, Arguments: []any{"bench", "orders.create", uuid.NewString(), string(e.fp),
-		recordRetention, 201, []byte(`{"status":"created"}`), nil}}
-}
-
-const ledgerRecordNow = `INSERT INTO floor_records (tenant, operation, key, fingerprint, state, status_code, body, resource_ref, attempts, created_at, updated_at, expires_at)
-	VALUES ($1, $2, $3, $4, 'completed', $6, $7, $8, 1, now(), now(), now() + $5::interval)
-	RETURNING created_at`
-
-// ledgerRecord is the ledger's own record INSERT (its parameters, its expressions and
-// its RETURNING), aimed at the floor's table: floor_ledger_record is floor_pipelined
-// with it, so first against it is Do's Go code alone.
+// ledgerRecord is the ledger's record INSERT (ledger/sql/insert_completed.sql).
 const ledgerRecord = `INSERT INTO floor_records (tenant, operation, key, fingerprint, state, status_code, body, resource_ref, attempts, created_at, updated_at, expires_at)
+	VALUES ($1, $2, $3, $5, 'completed', $7, $8, $9, 1, $10, $10, greatest($10, coalesce($4::timestamptz, now())) + $6::interval)`
+
+// ledgerRecordReturning is the record INSERT that took its times from the database and
+// returned created_at.
+const ledgerRecordReturning = `INSERT INTO floor_records (tenant, operation, key, fingerprint, state, status_code, body, resource_ref, attempts, created_at, updated_at, expires_at)
 	VALUES ($1, $2, $3, $5, 'completed', $7, $8, $9, 1, coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()) + $6::interval)
 	RETURNING created_at`
 
@@ -274,13 +272,8 @@ func (e *env) scenarios() []scenario {
 		{"probe_claim", e.probe("probe_claim")},
 		{"probe_protocol", e.probe("probe_protocol")},
 		{"probe_lock_timeout", e.probe("probe_lock_timeout")},
-		{"floor_ledger_record", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.ledgerFloorRecord()) }},
-		{"floor_ledger_record_now", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.ledgerFloorRecordNow()) }},
-		{"floor_ledger_record_noreturn", func(ctx context.Context, _ int) error {
-			q := e.ledgerFloorRecord()
-			q.SQL = strings.TrimSuffix(strings.TrimSpace(q.SQL), "RETURNING created_at")
-			return e.pipelined(ctx, q)
-		}},
+		{"floor_ledger_record", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.ledgerFloorRecord(false)) }},
+		{"floor_ledger_record_returning", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.ledgerFloorRecord(true)) }},
 	}
 }
 
@@ -353,8 +346,7 @@ var ledgerRatios = [][3]string{
 	{"probe_lock_timeout_vs_floor", "probe_lock_timeout", "floor_pipelined"},
 	{"floor_ledger_record_vs_floor", "floor_ledger_record", "floor_pipelined"},
 	{"first_vs_floor_ledger_record", "first", "floor_ledger_record"},
-	{"floor_ledger_record_now_vs_floor", "floor_ledger_record_now", "floor_pipelined"},
-	{"floor_ledger_record_noreturn_vs_floor", "floor_ledger_record_noreturn", "floor_pipelined"},
+	{"floor_ledger_record_returning_vs_floor", "floor_ledger_record_returning", "floor_pipelined"},
 }
 
 // run measures on a fresh cluster per repetition (or a fresh schema, on DATABASE_URL),
