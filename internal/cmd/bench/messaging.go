@@ -81,6 +81,8 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 		// round trip of its own (3 in all, as the default inbox);
 		// inbox_floor_pipelined sends BEGIN, the row and the handler's statement in one
 		// (2, as FirstAttempt); inbox_floor_commit sends the row with COMMIT (3).
+		// inbox_floor_lookup is inbox_floor_commit plus the cheapest answer an inbox
+		// could have before its handler runs: a read of the record, with BEGIN.
 		{"inbox_floor", func(context.Context, int) error {
 			return floorTx(ctx, pool, floorRow(), write, nil)
 		}},
@@ -89,6 +91,10 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 		}},
 		{"inbox_floor_commit", func(context.Context, int) error {
 			return floorTx(ctx, pool, nil, write, floorRow())
+		}},
+		{"inbox_floor_lookup", func(context.Context, int) error {
+			lookup := &pgx.QueuedQuery{SQL: `SELECT state FROM inbox_floor WHERE subscriber = 'bench' AND message_id = $1`, Arguments: []any{uuid.NewString()}}
+			return floorTx(ctx, pool, lookup, write, floorRow())
 		}},
 	})
 	if err != nil {
@@ -101,6 +107,7 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 	emit("inbox.floor_vs_bare", lat["inbox_floor"]/bare)
 	emit("inbox.floor_pipelined_vs_bare", lat["inbox_floor_pipelined"]/bare)
 	emit("inbox.floor_commit_vs_bare", lat["inbox_floor_commit"]/bare)
+	emit("inbox.floor_lookup_vs_bare", lat["inbox_floor_lookup"]/bare)
 	emit("inbox.handle_vs_floor", lat["inbox"]/lat["inbox_floor"])
 	emit("inbox.first_vs_floor", lat["inbox_first"]/lat["inbox_floor_pipelined"])
 
