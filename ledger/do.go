@@ -241,6 +241,11 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, re
 			panic(r)
 		}
 	}()
+	// The record's statement is built before fn runs, its response left to fill in: the
+	// time between fn's last result and the record's round trip is time the server
+	// waits, and on a machine whose idle CPUs sleep a moment there costs more than its
+	// length.
+	done, doneArgs := l.completedBatch(in, retention, lt.end())
 	var resp Response
 	var fnErr error
 	if !p.Refused() {
@@ -275,9 +280,9 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, re
 	created := l.recordedAt()
 	var what string
 	switch {
-	case errors.As(fnErr, &derr):
+	case fnErr != nil && errors.As(fnErr, &derr):
 		what = "store failure"
-		err = commitFailure(ctx, lt, p, l.q.insertFailed, l.failedArgs(in, derr, retention, created))
+		err = commitFailure(ctx, lt, p, recordBatch(l.q.insertFailed, l.failedArgs(in, derr, retention, created), lt.end()))
 	case fnErr != nil:
 		if err := lt.abort(cleanup, p); err != nil {
 			return Result{}, errors.Join(fnErr, err), true
@@ -296,7 +301,8 @@ func (l *Ledger) execute(ctx context.Context, in Intent, fn Func, lt localTx, re
 			return Result{}, errors.Join(faultpoint.ErrCrashed, lt.abort(cleanup, p)), true
 		}
 		what = "store result"
-		err = finish(ctx, lt, p, l.q.insertCompleted, l.completedArgs(in, resp, retention, created))
+		setCompleted(doneArgs, resp, created)
+		err = finish(ctx, lt, p, done)
 	}
 	if err != nil {
 		aerr := lt.abort(cleanup, p)

@@ -245,21 +245,34 @@ func (c *callerTx) deleteExpired(ctx context.Context, in Intent) error {
 
 // commitFailure undoes fn's writes, stores the failure and makes it final. It works
 // whatever state fn left the transaction in, aborted included.
-func commitFailure(ctx context.Context, lt localTx, p *pipetx.Tx, insert string, args []any) error {
+func commitFailure(ctx context.Context, lt localTx, p *pipetx.Tx, record *pgx.Batch) error {
 	if err := undoFn(ctx, p); err != nil {
 		return err
 	}
-	return finish(ctx, lt, p, insert, args)
+	return finish(ctx, lt, p, record)
 }
 
-// finish inserts the record and ends (commit or release), in one round trip. In the
-// ledger's own transaction the pgx.Tx handed to fn is done with after it; it is not
-// committed through pgx because that would cost a round trip of its own.
-func finish(ctx context.Context, lt localTx, p *pipetx.Tx, insert string, args []any) error {
+// finish sends record, the record's INSERT and the statement that ends the transaction
+// (commit or release), in one round trip. In the ledger's own transaction the pgx.Tx
+// handed to fn is done with after it; it is not committed through pgx because that would
+// cost a round trip of its own.
+func finish(ctx context.Context, lt localTx, p *pipetx.Tx, record *pgx.Batch) error {
 	if p.Sent() && p.Err() == nil && lt.txStatus() != 'T' {
 		return ErrTxAborted
 	}
-	return insertAndEnd(ctx, p, insert, args, lt.end())
+	br, err := p.Send(ctx, record)
+	if err != nil {
+		return err
+	}
+	return br.Close()
+}
+
+// recordBatch is a record's INSERT followed by end, for [finish].
+func recordBatch(insert string, args []any, end string) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue(insert, args...)
+	b.Queue(end)
+	return b
 }
 
 // undoFn rolls fn's writes back to the savepoint behind the claim. When fn left the
@@ -272,19 +285,6 @@ func undoFn(ctx context.Context, p *pipetx.Tx) error {
 	}
 	_, err := p.Current().Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_fn")
 	return err
-}
-
-// insertAndEnd inserts the record and ends the transaction (or releases the caller's
-// savepoint), in one round trip.
-func insertAndEnd(ctx context.Context, p *pipetx.Tx, insert string, args []any, end string) error {
-	b := &pgx.Batch{}
-	b.Queue(insert, args...)
-	b.Queue(end)
-	br, err := p.Send(ctx, b)
-	if err != nil {
-		return err
-	}
-	return br.Close()
 }
 
 const (
@@ -300,9 +300,17 @@ func lockTimeout(d time.Duration) string {
 	return strconv.FormatInt(min(max(d, time.Millisecond), maxLockTimeout).Milliseconds(), 10) + "ms"
 }
 
-func (l *Ledger) completedArgs(in Intent, resp Response, retention time.Duration, at time.Time) []any {
-	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(), string(in.Fingerprint),
-		pgsql.Interval(retention), resp.Code, resp.Body, nullable(resp.ResourceRef), at}
+// completedBatch is the batch of a completed record with everything but the response
+// and the record's time, which [setCompleted] fills in through args.
+func (l *Ledger) completedBatch(in Intent, retention time.Duration, end string) (b *pgx.Batch, args []any) {
+	args = []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(), string(in.Fingerprint),
+		pgsql.Interval(retention), nil, nil, nil, nil}
+	return recordBatch(l.q.insertCompleted, args, end), args
+}
+
+// setCompleted fills in the parameters $7 to $10 of insert_completed.
+func setCompleted(args []any, resp Response, at time.Time) {
+	args[6], args[7], args[8], args[9] = resp.Code, resp.Body, nullable(resp.ResourceRef), at
 }
 
 func (l *Ledger) failedArgs(in Intent, derr *DefinitiveError, retention time.Duration, at time.Time) []any {

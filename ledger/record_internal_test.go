@@ -37,7 +37,9 @@ func TestRecordExpiry_ProcessClockAhead_Behind(t *testing.T) {
 	} {
 		in := Intent{Scope: keys.Scope{Tenant: "acme", Operation: "orders.create"}, Key: keys.Key(c.key), Fingerprint: "fp"}
 		at := time.Now().Add(c.skew).Truncate(time.Microsecond)
-		sql, args := l.q.insertCompleted, l.completedArgs(in, Response{Code: 201}, time.Hour, at)
+		b, args := l.completedBatch(in, time.Hour, "COMMIT")
+		setCompleted(args, Response{Code: 201}, at)
+		sql := b.QueuedQueries[0].SQL
 		if c.failed {
 			sql, args = l.q.insertFailed, l.failedArgs(in, &DefinitiveError{Code: "no", Message: "no"}, time.Hour, at)
 		}
