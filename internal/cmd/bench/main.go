@@ -112,7 +112,7 @@ func run(quick bool, only string) error {
 		name string
 		run  func(context.Context, io.Writer) error
 	}{
-		{"ledger", ledgerBench{server: freshServer(url), reps: scale(4, 1), rounds: scale(60, 2), burst: 5,
+		{"ledger", ledgerBench{server: freshServer(url), reps: scale(4, 1), rounds: scale(240, 2), burst: 5,
 			serverTime: os.Getenv("DATABASE_URL") == "" && clusterOpts().Settings != nil}.run},
 		{"http", repeatedGroup(freshServer(url), scale(4, 1), func(url string) func(context.Context, io.Writer) error {
 			return httpBench{url: url, rounds: scale(200, 2), opsPerRound: 5}.run
