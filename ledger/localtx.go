@@ -252,8 +252,8 @@ func commitFailure(ctx context.Context, lt localTx, p *pipetx.Tx, record *pgx.Ba
 	return finish(ctx, lt, p, record)
 }
 
-// finish sends record, the record's INSERT and the statement that ends the transaction
-// (commit or release), in one round trip. In the ledger's own transaction the pgx.Tx
+// finish sends record (the record's INSERT and the statement that ends the transaction,
+// commit or release) in one round trip. In the ledger's own transaction the pgx.Tx
 // handed to fn is done with after it; it is not committed through pgx because that would
 // cost a round trip of its own.
 func finish(ctx context.Context, lt localTx, p *pipetx.Tx, record *pgx.Batch) error {
