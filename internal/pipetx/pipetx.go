@@ -305,11 +305,9 @@ func (r *pipeRow) Scan(dest ...any) error {
 // protocol, which allows several statements in one string where a batch does not.
 func pipelinable(sql string, args []any) bool {
 	if len(args) == 0 {
-		if strings.IndexByte(sql, ';') < 0 {
-			return true
-		}
-		s := strings.TrimRight(sql, " \t\r\n;")
-		return !strings.Contains(s, ";")
+		// One statement: no semicolon but trailing ones.
+		i := strings.IndexByte(sql, ';')
+		return i < 0 || strings.TrimRight(sql[i:], " \t\r\n;") == ""
 	}
 	switch args[0].(type) {
 	case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
