@@ -24,13 +24,13 @@ test: temporal-cli ## Run every test under -race, against a throwaway PostgreSQL
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 temporal-cli: ## Build the Temporal CLI (dev server) into ~/.cache/oncekit once; minutes the first time.
-	@$(GO) run ./internal/cmd/temporal-cli >/dev/null
+	@$(GO) run ./tools/temporal-cli >/dev/null
 
 bench: temporal-cli ## Measure every guard side by side with its bare peer; prints "metric <name> <value>".
-	$(GO) run ./internal/cmd/bench
+	$(GO) run ./tools/bench
 
 bench-check: temporal-cli ## Run every benchmark briefly, so that none rots.
-	$(GO) run ./internal/cmd/bench -quick
+	$(GO) run ./tools/bench -quick
 
 FUZZTIME ?= 20s
 fuzz: ## Run each fuzz target for FUZZTIME (20s).

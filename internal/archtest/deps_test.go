@@ -41,7 +41,8 @@ func TestDependencyRules(t *testing.T) {
 			t.Fatalf("go list %s: %v", pkg, err)
 		}
 		for _, dep := range strings.Fields(string(out)) {
-			for _, f := range forbidden {
+			// No library package or sample imports the commands in tools/.
+			for _, f := range append(forbidden, mod+"tools") {
 				if dep == f || strings.HasPrefix(dep, f+"/") || (strings.HasSuffix(f, "/") && strings.HasPrefix(dep, f)) {
 					t.Errorf("%s depends on %s", pkg, dep)
 				}
@@ -59,11 +60,30 @@ func TestEveryPackageHasARule(t *testing.T) {
 	}
 	for _, pkg := range strings.Fields(string(out)) {
 		rel := strings.TrimPrefix(pkg, mod)
-		if strings.HasPrefix(rel, "internal/") {
+		if strings.HasPrefix(rel, "internal/") || strings.HasPrefix(rel, "tools/") {
 			continue
 		}
 		if _, ok := rules[rel]; !ok {
 			t.Errorf("package %s has no dependency rule in internal/archtest", rel)
+		}
+	}
+}
+
+// internal/ holds leaves below the public packages: no internal package imports a public
+// one, so the drawing of the house has no arrow pointing up. Commands that import the
+// public API live in cmd/ and tools/.
+func TestInternalImportsNoPublicPackage(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, mod+"internal/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		for _, dep := range fields[1:] {
+			if strings.HasPrefix(dep, mod) && !strings.HasPrefix(dep, mod+"internal/") {
+				t.Errorf("%s imports %s: internal/ packages must stay below the public ones", fields[0], dep)
+			}
 		}
 	}
 }

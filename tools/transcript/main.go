@@ -2,7 +2,7 @@
 // a throwaway PostgreSQL, records a few intents (one claim left stuck), builds the command
 // and runs it.
 //
-//	go run ./internal/cmd/transcript
+//	go run ./tools/transcript
 package main
 
 import (
