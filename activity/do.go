@@ -44,7 +44,7 @@ func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *O
 				return ledger.Response{}, invalid(err)
 			}
 			return ledger.Response{Body: body}, nil
-		}, &ledger.DoOpts{Wait: wait, FirstAttempt: g.firstAttempt()})
+		}, &ledger.DoOpts{Wait: wait, Mode: g.mode()})
 		return err
 	})
 	g.report(ctx, ledger.OutcomeOf(res, err))
@@ -54,11 +54,20 @@ func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *O
 	return decode[Resp](res.Body)
 }
 
-// firstAttempt reports whether the ledger may claim the key with fn's first statement:
-// on attempt 1 of an activity whose key comes from its own identity, no other attempt
-// can hold the key. A key handed in (a business key, a saga's step key) may be shared,
-// so fn waits for the claim's answer before it runs.
-func (g *guard) firstAttempt() bool { return g.info.Attempt == 1 && g.derived }
+// mode is how the ledger claims the activity's key. A retry most likely finds its
+// result stored, which ModeLookUpFirst replays in one round trip. On attempt 1 of an
+// activity whose key comes from its own identity, no other attempt can hold the key, so
+// no claim is sent at all; a key handed in (a business key, a saga's step key) may be
+// shared, so the claim travels with fn's first statement.
+func (g *guard) mode() ledger.Mode {
+	switch {
+	case g.info.Attempt > 1:
+		return ledger.ModeLookUpFirst
+	case g.derived:
+		return ledger.ModeOptimistic
+	}
+	return ledger.ModeDefault
+}
 
 // DoErr is [Do] for an activity that returns only an error, func(ctx, Req) error: fn
 // runs once per activity intent, and a retry after its commit returns nil without

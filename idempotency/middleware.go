@@ -219,7 +219,7 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		}
 		first = rec
 		return ledger.Response{Code: rec.status, Body: c.encode(rec)}, nil
-	}, &ledger.DoOpts{Wait: c.Wait, ClaimFirst: true})
+	}, &ledger.DoOpts{Wait: c.Wait, Mode: ledger.ModeClaimFirst})
 	var ns errNotStored
 	var mm *ledger.FingerprintMismatchError
 	var tl *ledger.BodyTooLargeError

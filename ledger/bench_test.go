@@ -56,12 +56,12 @@ func benchmarkDo(b *testing.B, opts *ledger.DoOpts, replay bool) {
 
 func BenchmarkDo_First(b *testing.B) { benchmarkDo(b, nil, false) }
 func BenchmarkDo_FirstClaimFirst(b *testing.B) {
-	benchmarkDo(b, &ledger.DoOpts{ClaimFirst: true}, false)
+	benchmarkDo(b, &ledger.DoOpts{Mode: ledger.ModeClaimFirst}, false)
 }
 func BenchmarkDo_FirstOptimistic(b *testing.B) {
-	benchmarkDo(b, &ledger.DoOpts{FirstAttempt: true}, false)
+	benchmarkDo(b, &ledger.DoOpts{Mode: ledger.ModeOptimistic}, false)
 }
 func BenchmarkDo_Replay(b *testing.B) { benchmarkDo(b, nil, true) }
 func BenchmarkDo_ReplayClaimFirst(b *testing.B) {
-	benchmarkDo(b, &ledger.DoOpts{ClaimFirst: true}, true)
+	benchmarkDo(b, &ledger.DoOpts{Mode: ledger.ModeClaimFirst}, true)
 }

@@ -133,8 +133,8 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 		}
 	}
 	start := time.Now()
-	for try := 0; ; try++ {
-		res, free, err := l.settleQ(ctx, q, in, o.Wait, start)
+	for {
+		res, free, err := l.settleQ(ctx, q, in, o.Wait, start, false)
 		if free == notFree {
 			return ClaimResult{Result: res}, err
 		}
@@ -154,8 +154,9 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return ClaimResult{}, fmt.Errorf("oncekit/ledger: claim %q in %s: %w", in.Key, in.Scope, err)
 		}
-		// Another attempt claimed or finished the key between our read and our write.
-		if try == maxClaimTries {
+		// Another attempt claimed or finished the key between our read and our write:
+		// read its record again, which waits for its lease within the call's wait.
+		if time.Since(start) >= o.Wait {
 			return ClaimResult{}, &InProgressError{Scope: in.Scope, Key: in.Key, Waited: time.Since(start)}
 		}
 	}

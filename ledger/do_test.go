@@ -19,12 +19,12 @@ import (
 // client's retry gets the stored result, byte for byte, and the mutation ran once.
 func TestDo_ResponseLostRetryReplays(t *testing.T) {
 	t.Parallel()
-	eachClaimMode(t, func(t *testing.T, first bool) {
+	eachMode(t, func(t *testing.T, mode ledger.Mode) {
 		l, b := setup(t, nil)
 		ctx := context.Background()
 		req := order{Item: "book", Amount: 1200}
 		in := intent(t, "acme", "order-1", req)
-		opts := &ledger.DoOpts{FirstAttempt: first}
+		opts := &ledger.DoOpts{Mode: mode}
 
 		res1, err := l.Do(ctx, in, createOrder("acme", req), opts)
 		require.NoError(t, err)
@@ -69,7 +69,7 @@ func TestDo_ReplayIsByteEqualAfterStateChanges(t *testing.T) {
 // caller gets the same result.
 func TestDo_RaceOnOneKey(t *testing.T) {
 	t.Parallel()
-	eachClaimMode(t, func(t *testing.T, first bool) {
+	eachMode(t, func(t *testing.T, mode ledger.Mode) {
 		l, b := setup(t, nil)
 		ctx := context.Background()
 		req := order{Item: "chair", Amount: 9900}
@@ -90,7 +90,7 @@ func TestDo_RaceOnOneKey(t *testing.T) {
 					// Hold the claim a moment so the others pile up behind it.
 					_, _ = tx.Exec(ctx, "SELECT pg_sleep(0.05)")
 					return resp, err
-				}, &ledger.DoOpts{Wait: 30 * time.Second, FirstAttempt: first})
+				}, &ledger.DoOpts{Wait: 30 * time.Second, Mode: mode})
 				if !assertNoError(t, err) {
 					return
 				}
@@ -119,12 +119,13 @@ func assertNoError(t *testing.T, err error) bool {
 	return true
 }
 
-// The same key reused with a different payload is rejected and nothing runs. A call
-// that looks first never calls fn; a first attempt (FirstAttempt) may call it, but
-// nothing it wrote takes effect.
+// The same key reused with a different payload is rejected and nothing runs. A mode
+// that claims before fn never calls it; ModeClaimWithFirstStatement calls it, but its
+// first statement does not run; ModeOptimistic runs it, but nothing it wrote takes
+// effect.
 func TestDo_SameKeyDifferentPayload(t *testing.T) {
 	t.Parallel()
-	eachClaimMode(t, func(t *testing.T, firstAttempt bool) {
+	eachMode(t, func(t *testing.T, mode ledger.Mode) {
 		l, b := setup(t, nil)
 		ctx := context.Background()
 		first := order{Item: "desk", Amount: 100}
@@ -140,7 +141,7 @@ func TestDo_SameKeyDifferentPayload(t *testing.T) {
 			resp, err := createOrder("acme", second)(ctx, tx)
 			fnErr = err
 			return resp, err
-		}, &ledger.DoOpts{FirstAttempt: firstAttempt})
+		}, &ledger.DoOpts{Mode: mode})
 		require.ErrorIs(t, err, ledger.ErrFingerprintMismatch)
 		var mm *ledger.FingerprintMismatchError
 		require.ErrorAs(t, err, &mm)
@@ -149,9 +150,12 @@ func TestDo_SameKeyDifferentPayload(t *testing.T) {
 		require.Equal(t, intent(t, "acme", "order-x", first).Fingerprint, mm.StoredFingerprint)
 		require.Equal(t, in.Fingerprint, mm.Fingerprint)
 		require.Equal(t, ledger.StateCompleted, mm.StoredState)
-		if !firstAttempt {
-			require.False(t, ran)
-			require.NoError(t, fnErr)
+		switch mode {
+		case ledger.ModeClaimFirst, ledger.ModeLookUpFirst:
+			require.False(t, ran, "fn is not called")
+		case ledger.ModeClaimWithFirstStatement:
+			require.True(t, ran)
+			require.Error(t, fnErr, "fn's statement did not run")
 		}
 		require.Equal(t, 1, countOrders(t, b.pool, "acme"), "nothing fn wrote took effect")
 	})
@@ -194,12 +198,12 @@ func TestDo_DefinitiveFailureIsStoredAndReplayed(t *testing.T) {
 	ctx := context.Background()
 	req := order{Item: "gold", Amount: 1_000_000}
 	in := intent(t, "acme", "order-gold", req)
-	calls := 0
+	calls := 0 // fn's that got past their first statement
 	fn := func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
-		calls++
 		if _, err := createOrder("acme", req)(ctx, tx); err != nil {
 			return ledger.Response{}, err
 		}
+		calls++
 		return ledger.Response{}, ledger.Definitive("limit_exceeded", "amount over the account limit")
 	}
 	_, err := l.Do(ctx, in, fn, nil)
@@ -382,10 +386,10 @@ func TestDo_KeysWithQuotes(t *testing.T) {
 	for _, k := range []string{`o'brien`, `a\'b`, `x'); DROP TABLE orders; --`, `\\`, `''''`} {
 		in := intent(t, "ten'ant", k, req)
 		in.Scope.Operation = `op\'`
-		res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{FirstAttempt: true})
+		res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{Mode: ledger.ModeOptimistic})
 		require.NoError(t, err, k)
 		require.False(t, res.Replayed)
-		res, err = l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{FirstAttempt: true})
+		res, err = l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{Mode: ledger.ModeOptimistic})
 		require.NoError(t, err, k)
 		require.True(t, res.Replayed)
 		rec, err := l.Get(ctx, in.Scope, in.Key)

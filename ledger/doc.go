@@ -7,10 +7,22 @@
 // [Ledger.Do] claims the key and runs your mutation in one transaction, stores the
 // mutation's [Response], and commits once: the record and the mutation exist together or
 // not at all, guarded by the table's primary key. A retry returns the stored response
-// byte for byte with Result.Replayed set, without running anything, in one round trip
-// that neither locks nor writes. The same key with a different [keys.Fingerprint] is
-// refused with a [*FingerprintMismatchError]. [Ledger.DoTx] does the same inside a
-// transaction you already hold.
+// byte for byte with Result.Replayed set, without running the mutation's statements.
+// The same key with a different [keys.Fingerprint] is refused with a
+// [*FingerprintMismatchError]. [Ledger.DoTx] does the same inside a transaction you
+// already hold.
+//
+// # Modes
+//
+// DoOpts.Mode says when the claim's answer arrives. By default
+// ([ModeClaimWithFirstStatement]) the claim travels with the mutation's first
+// statement, so a first execution costs the round trips of the bare transaction less
+// BEGIN's, and a taken key stops that statement before it runs. [ModeClaimFirst]
+// answers before the mutation is called, for a mutation that acts outside the database
+// first; [ModeLookUpFirst] reads the record first, so a replay takes one round trip that
+// neither locks nor writes; [ModeOptimistic] sends no claim at all, for a mutation that
+// acts through its transaction alone. Whatever the mode, one call runs the mutation at
+// most once.
 //
 // # External effects
 //
@@ -27,14 +39,17 @@
 // A mutation that returns a [*DefinitiveError] (a declined card) has its writes rolled
 // back and the failure stored; every retry receives the same failure. Any other error
 // rolls back everything and leaves the key free for the next attempt. A concurrent
-// duplicate waits up to DoOpts.Wait and then replays, or fails fast with a retryable
-// [*InProgressError].
+// duplicate waits up to DoOpts.Wait (and no longer than its context's deadline): when
+// the attempt holding the key completes, the duplicate replays its result; when that
+// attempt fails, one waiter takes the key and runs its mutation, and the others replay
+// that. A duplicate that runs out of wait fails with a retryable [*InProgressError].
 //
 // # Retention
 //
 // Records are kept for the replay horizon of their operation ([Config].Retention and
 // Config.OperationRetention). An expired record counts as absent, checked in SQL at
-// every read: a retry that arrives after expiry is a new intent and runs again.
+// every read: a retry that arrives after expiry is a new intent and runs again, once;
+// its record replaces the expired one, purged or not.
 // [Ledger.Purge] deletes expired records in batches and may run on many nodes at once.
 //
 // # Telemetry

@@ -65,8 +65,9 @@ func TestDo_DefinitiveAfterSQLErrorIsStored(t *testing.T) {
 	t.Parallel()
 	setupModes(t, func(t *testing.T, l *ledger.Ledger, pool *pgxpool.Pool, b *testBundle) {
 		ctx := context.Background()
-		for name, opts := range map[string]*ledger.DoOpts{"lookup": nil, "claim": {ClaimFirst: true}, "first": {FirstAttempt: true}} {
-			in := intent(t, "acme", "sku-"+name+"-"+t.Name(), "taken")
+		for _, mode := range modes {
+			opts := &ledger.DoOpts{Mode: mode}
+			in := intent(t, "acme", "sku-"+mode.String()+"-"+t.Name(), "taken")
 			_, err := l.Do(ctx, in, insertSKU("taken"), opts)
 			var derr *ledger.DefinitiveError
 			require.ErrorAs(t, err, &derr)
@@ -77,11 +78,11 @@ func TestDo_DefinitiveAfterSQLErrorIsStored(t *testing.T) {
 			_, err = l.Do(ctx, in, func(context.Context, pgx.Tx) (ledger.Response, error) {
 				ran = true
 				return ledger.Response{}, nil
-			}, nil)
+			}, opts)
 			require.ErrorAs(t, err, &derr)
 			require.True(t, derr.Replayed, "the failure was stored")
 			require.Equal(t, "duplicate", derr.Code)
-			require.False(t, ran)
+			require.Equal(t, callsFnForTakenKey(mode), ran)
 		}
 
 		// DoTx: the failure is stored in the caller's transaction, which stays usable.
@@ -138,9 +139,9 @@ func TestDoTx_ErrorPathsLeaveCallerTxUsable(t *testing.T) {
 					return ledger.Response{}, boom
 				}, nil,
 				func(t *testing.T, _ ledger.Result, err error) { require.ErrorIs(t, err, boom) }},
-			{"FailFastInProgress", held, insertSKU("other"), &ledger.DoOpts{FirstAttempt: true},
+			{"FailFastInProgress", held, insertSKU("other"), &ledger.DoOpts{Mode: ledger.ModeClaimWithFirstStatement},
 				func(t *testing.T, _ ledger.Result, err error) { require.ErrorIs(t, err, ledger.ErrInProgress) }},
-			{"CompletedWithFirstAttempt", done, insertSKU("again"), &ledger.DoOpts{FirstAttempt: true},
+			{"CompletedWithFirstStatement", done, insertSKU("again"), &ledger.DoOpts{Mode: ledger.ModeClaimWithFirstStatement},
 				func(t *testing.T, res ledger.Result, err error) {
 					require.NoError(t, err)
 					require.True(t, res.Replayed)
@@ -235,7 +236,7 @@ func TestDo_Bounds(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 			_ = tx.Commit(ctx)
 		}()
-		res, err = l.Do(ctx, in2, createOrder("acme", req), &ledger.DoOpts{Wait: 1 << 62, FirstAttempt: true})
+		res, err = l.Do(ctx, in2, createOrder("acme", req), &ledger.DoOpts{Wait: 1 << 62, Mode: ledger.ModeOptimistic})
 		require.NoError(t, err)
 		require.True(t, res.Replayed)
 		require.Equal(t, 2, countOrders(t, b.pool, "acme"))
@@ -298,8 +299,8 @@ func TestDo_Bounds(t *testing.T) {
 	})
 }
 
-// A completed intent always replays: callers that claim at once (FirstAttempt) and race
-// each other on a completed key never hear "in progress".
+// A completed intent always replays: callers that race each other on a completed key
+// never hear "in progress", in any mode.
 func TestDo_CompletedKeyNeverInProgress(t *testing.T) {
 	t.Parallel()
 	l, b := setup(t, nil)
@@ -311,10 +312,10 @@ func TestDo_CompletedKeyNeverInProgress(t *testing.T) {
 	const n = 64
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
-	for range n {
+	for i := range n {
 		wg.Go(func() {
 			for range 5 {
-				res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{FirstAttempt: true})
+				res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{Mode: modes[len(modes)*i/n]})
 				if err == nil && (!res.Replayed || string(res.Body) != string(first.Body)) {
 					err = errors.New("not a replay of the first result")
 				}
@@ -340,18 +341,18 @@ func TestDo_CreatedAtIsTheRecordedTime(t *testing.T) {
 	ctx := context.Background()
 	b.clock.Advance(-time.Hour) // the application clock and the record disagree with time.Now
 	req := order{Item: "hat", Amount: 1}
-	for _, first := range []bool{false, true} {
-		in := intent(t, "acme", "order-hat-"+map[bool]string{false: "a", true: "b"}[first], req)
-		res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{FirstAttempt: first})
+	for _, mode := range modes {
+		in := intent(t, "acme", "order-hat-"+mode.String(), req)
+		res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{Mode: mode})
 		require.NoError(t, err)
 		replay, err := l.Do(ctx, in, createOrder("acme", req), nil)
 		require.NoError(t, err)
 		require.True(t, replay.CreatedAt.Equal(res.CreatedAt), "first %s, replay %s", res.CreatedAt, replay.CreatedAt)
 
-		fin := intent(t, "acme", "fail-hat-"+map[bool]string{false: "a", true: "b"}[first], req)
+		fin := intent(t, "acme", "fail-hat-"+mode.String(), req)
 		failed, err := l.Do(ctx, fin, func(context.Context, pgx.Tx) (ledger.Response, error) {
 			return ledger.Response{}, ledger.Definitive("no", "no")
-		}, &ledger.DoOpts{FirstAttempt: first})
+		}, &ledger.DoOpts{Mode: mode})
 		require.Error(t, err)
 		rec, err := l.Get(ctx, fin.Scope, fin.Key)
 		require.NoError(t, err)
@@ -369,10 +370,10 @@ func TestDo_RecordTimesWithoutTestClock(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	req := order{Item: "cap", Amount: 1}
-	for _, first := range []bool{false, true} {
-		in := intent(t, "acme", "order-cap-"+map[bool]string{false: "a", true: "b"}[first], req)
+	for _, mode := range modes {
+		in := intent(t, "acme", "order-cap-"+mode.String(), req)
 		before := time.Now().Truncate(time.Microsecond)
-		res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{FirstAttempt: first})
+		res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{Mode: mode})
 		require.NoError(t, err)
 		after := time.Now()
 		require.False(t, res.CreatedAt.Before(before) || res.CreatedAt.After(after), "CreatedAt %s outside [%s, %s]", res.CreatedAt, before, after)
@@ -393,16 +394,16 @@ func TestDo_RecordTimesWithoutTestClock(t *testing.T) {
 	}
 }
 
-// A first attempt sends no claim: of two concurrent ones, the first to commit wins,
+// ModeOptimistic sends no claim: of two concurrent attempts, the first to commit wins,
 // the other's writes are rolled back and it replays the winner's result. An error of
 // fn for an intent already carried out is answered by the record.
-func TestDo_FirstAttemptIsOptimistic(t *testing.T) {
+func TestDo_Optimistic(t *testing.T) {
 	t.Parallel()
 	l, b := setup(t, nil)
 	ctx := context.Background()
 	req := order{Item: "kite", Amount: 1}
 	in := intent(t, "acme", "order-kite", req)
-	first := &ledger.DoOpts{FirstAttempt: true}
+	first := &ledger.DoOpts{Mode: ledger.ModeOptimistic}
 
 	inside, release := make(chan struct{}), make(chan struct{})
 	defer func() {
@@ -442,14 +443,14 @@ func TestDo_FirstAttemptIsOptimistic(t *testing.T) {
 	require.Equal(t, fast.Body, res.Body)
 }
 
-// ClaimFirst claims before it looks: a first execution, a replay (whose rollback
-// travels with its read), a reused key and an in-flight duplicate all behave as without
-// it, in every exec mode on fresh connections.
+// ModeClaimFirst claims before it looks: a first execution, a replay (whose rollback
+// travels with its read), a reused key and an in-flight duplicate all behave as in the
+// other modes, in every exec mode on fresh connections.
 func TestDo_ClaimFirst(t *testing.T) {
 	t.Parallel()
 	setupModes(t, func(t *testing.T, l *ledger.Ledger, pool *pgxpool.Pool, b *testBundle) {
 		ctx := context.Background()
-		opts := &ledger.DoOpts{ClaimFirst: true}
+		opts := &ledger.DoOpts{Mode: ledger.ModeClaimFirst}
 		in := intent(t, "acme", "cf-"+t.Name(), "pen")
 		first, err := l.Do(ctx, in, insertSKU("cf-"+t.Name()), opts)
 		require.NoError(t, err)
@@ -478,7 +479,7 @@ func TestDo_ClaimFirst(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 			_ = tx.Commit(ctx)
 		}()
-		res, err := l.Do(ctx, held, insertSKU("never"), &ledger.DoOpts{ClaimFirst: true, Wait: 10 * time.Second})
+		res, err := l.Do(ctx, held, insertSKU("never"), &ledger.DoOpts{Mode: ledger.ModeClaimFirst, Wait: 10 * time.Second})
 		require.NoError(t, err)
 		require.True(t, res.Replayed, "a waiting duplicate replays")
 		var n int

@@ -25,12 +25,15 @@ func terminate(ctx context.Context, t *testing.T, b *testBundle, tx pgx.Tx) {
 // and the commit: nothing is half-committed, and the retry succeeds exactly once.
 func TestDo_ConnectionKilledMidTransaction(t *testing.T) {
 	t.Parallel()
-	eachClaimMode(t, func(t *testing.T, first bool) {
+	eachMode(t, func(t *testing.T, mode ledger.Mode) {
 		l, b := setup(t, nil)
 		ctx := context.Background()
 		req := order{Item: "tv", Amount: 80000}
 		in := intent(t, "acme", "order-tv", req)
-		opts := &ledger.DoOpts{FirstAttempt: first}
+		// pg_terminate_backend only signals the backend: until it has exited, its
+		// transaction still holds the key. Each call waits for that, as a client that
+		// retries with backoff would.
+		opts := &ledger.DoOpts{Mode: mode, Wait: 10 * time.Second}
 
 		// Killed after the first write, before the second statement.
 		_, err := l.Do(ctx, in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
@@ -53,10 +56,6 @@ func TestDo_ConnectionKilledMidTransaction(t *testing.T) {
 		require.Equal(t, 0, countOrders(t, b.pool, "acme"))
 		require.Equal(t, 0, countRecords(t, b.pool, b.schema))
 
-		// pg_terminate_backend only signals the backend: until it has exited, its
-		// transaction still holds the key. A retry waits for that, as a client that
-		// retries with backoff would.
-		opts.Wait = 10 * time.Second
 		res, err := l.Do(ctx, in, createOrder("acme", req), opts)
 		require.NoError(t, err)
 		require.False(t, res.Replayed)

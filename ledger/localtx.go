@@ -24,17 +24,20 @@ import (
 //	commit: the record with the result, and COMMIT (or RELEASE), in one round trip
 //
 // The claim takes a transaction-scoped advisory lock on the key without waiting, and
-// refuses when the lock is taken or a live record exists. The record itself is a plain
-// INSERT at commit, so the primary key stays the last word: a record committed by a
-// racer after the claim looked makes the commit fail with a unique violation, and the
-// attempt is settled from that record instead.
+// refuses when the lock is taken or a live record exists. The record itself is
+// inserted at commit, replacing an expired record of the key, so the primary key stays
+// the last word: a live record committed by an attempt that took no claim makes the
+// commit fail, and the call is settled from that record instead. A refused claim waits
+// for the attempt holding the key by queueing for the key's lock, and keeps the lock
+// when it gets it, so that of many waiters one takes the key and the others replay.
 type localTx interface {
 	// q reads records: outside any transaction for ownTx, inside the caller's for callerTx.
 	q() querier
-	// begin prepares the claim of in for mode and returns the transaction fn runs in.
-	begin(in Intent, mode claimMode) *pipetx.Tx
-	// firstAttemptMode is how a first attempt (DoOpts.FirstAttempt) claims.
-	firstAttemptMode() claimMode
+	// mode is how a call with DoOpts.Mode m claims here.
+	mode(m Mode) Mode
+	// begin prepares the claim of in for mode, by the clock now, and returns the
+	// transaction fn runs in.
+	begin(in Intent, mode Mode, now *time.Time, onRefused func(context.Context) (*pipetx.Resume, error)) *pipetx.Tx
 	// end is the statement that makes the record and fn's writes final: COMMIT, or the
 	// release of the caller's savepoint.
 	end() string
@@ -43,12 +46,11 @@ type localTx interface {
 	// abort undoes the claim and fn's writes, and leaves the connection (or the
 	// caller's transaction) usable.
 	abort(ctx context.Context, p *pipetx.Tx) error
-	// waitFor blocks until the attempt holding lock has finished, for at most d. It
-	// returns an error with SQLSTATE 55P03 when d runs out.
-	waitFor(ctx context.Context, lock int64, d time.Duration) error
-	// deleteExpired removes the key's record if it has expired: an expired record is
-	// absent, and the next attempt may record a new intent under the key.
-	deleteExpired(ctx context.Context, in Intent) error
+	// hold waits, for at most d, until the attempt holding the key's lock has finished,
+	// and takes the lock in an open transaction (or savepoint), from which the claim of
+	// mode is sent again. It returns an error with SQLSTATE 55P03 when d runs out, with
+	// nothing left open.
+	hold(ctx context.Context, in Intent, mode Mode, now *time.Time, d time.Duration) (*pipetx.Resume, error)
 }
 
 // lockKey is the advisory lock of a key: 64 bits of a SHA-256 over the schema and the
@@ -63,9 +65,10 @@ func (l *Ledger) lockKey(in Intent) int64 {
 	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
 }
 
-// claimArgs are the parameters of a claim: the key's lock, then the key and the clock.
-func (l *Ledger) claimArgs(in Intent) []any {
-	return []any{l.lockKey(in), in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now()}
+// claimArgs are the parameters of a claim: the key's lock, then the key and the clock
+// (nil: the database's).
+func (l *Ledger) claimArgs(in Intent, now *time.Time) []any {
+	return []any{l.lockKey(in), in.Scope.Tenant, in.Scope.Operation, string(in.Key), now}
 }
 
 // ownTx is the ledger's own transaction on a pooled connection.
@@ -119,32 +122,38 @@ func (o *ownTx) q() querier {
 	return o.conn
 }
 
-func (o *ownTx) begin(in Intent, mode claimMode) *pipetx.Tx {
-	switch mode {
-	case optimistic:
-		return newPipeTx(o.conn, true, -1, false)
-	case claimFirst:
-		return newPipeTx(o.conn, true, 0, true, pipetx.Queued(o.l.q.claimCheck, o.l.claimArgs(in)...), pipetx.Queued("SAVEPOINT oncekit_fn"))
+func (o *ownTx) mode(m Mode) Mode {
+	if m == ModeDefault {
+		return ModeClaimWithFirstStatement
 	}
-	return newPipeTx(o.conn, true, 0, false,
-		pipetx.Queued(o.l.q.claimLocal, o.l.claimArgs(in)...),
-		pipetx.Queued("SAVEPOINT oncekit_fn"))
+	return m
 }
 
-// errClaimRefused is what fn's statements return after the claim that travelled with
-// the first of them was refused. fn's outcome is discarded then; the ledger settles the
-// call from the key's record.
-var errClaimRefused = errors.New("oncekit/ledger: the key is taken by another attempt: return this error")
-
-// newPipeTx is the transaction fn runs in: the prefix travels with its first statement.
-func newPipeTx(via pipetx.Sender, begin bool, claimAt int, checked bool, prefix ...*pgx.QueuedQuery) *pipetx.Tx {
-	return pipetx.New(pipetx.Config{Via: via, Begin: begin, Prefix: prefix, ClaimAt: claimAt, Checked: checked,
-		Refused: errClaimRefused, Managed: ErrManagedTx})
+// claim is the claim statement of mode: one that answers before fn runs (claimCheck),
+// or one that refuses by failing so that PostgreSQL skips what travels behind it.
+func (o *ownTx) claim(in Intent, mode Mode, now *time.Time) *pgx.QueuedQuery {
+	if mode == ModeClaimFirst || mode == ModeLookUpFirst {
+		return pipetx.Queued(o.l.q.claimCheck, o.l.claimArgs(in, now)...)
+	}
+	return pipetx.Queued(o.l.q.claimLocal, o.l.claimArgs(in, now)...)
 }
 
-func (o *ownTx) firstAttemptMode() claimMode { return optimistic }
-func (o *ownTx) end() string                 { return "COMMIT" }
-func (o *ownTx) txStatus() byte              { return o.conn.PgConn().TxStatus() }
+func (o *ownTx) begin(in Intent, mode Mode, now *time.Time, onRefused func(context.Context) (*pipetx.Resume, error)) *pipetx.Tx {
+	cfg := pipetx.Config{Via: o.conn, Begin: true, ClaimAt: -1, Refused: errClaimRefused, Managed: ErrManagedTx, OnRefused: onRefused}
+	if mode != ModeOptimistic {
+		cfg.ClaimAt, cfg.Checked = 0, mode == ModeClaimFirst || mode == ModeLookUpFirst
+		cfg.Prefix = []*pgx.QueuedQuery{o.claim(in, mode, now), pipetx.Queued(savepointFn)}
+	}
+	return pipetx.New(cfg)
+}
+
+// errClaimRefused is what fn's statements return once the call was decided by the key's
+// record: another attempt completed the key, or holds it past the wait. fn's outcome
+// is discarded then.
+var errClaimRefused = errors.New("oncekit/ledger: the key is taken by another attempt, whose record answers this call: return this error")
+
+func (o *ownTx) end() string    { return "COMMIT" }
+func (o *ownTx) txStatus() byte { return o.conn.PgConn().TxStatus() }
 
 func (o *ownTx) abort(ctx context.Context, p *pipetx.Tx) error {
 	if o.conn.PgConn().TxStatus() == 'I' {
@@ -161,22 +170,67 @@ func (o *ownTx) abort(ctx context.Context, p *pipetx.Tx) error {
 	return err
 }
 
-func (o *ownTx) waitFor(ctx context.Context, lock int64, d time.Duration) error {
+func (o *ownTx) hold(ctx context.Context, in Intent, mode Mode, now *time.Time, d time.Duration) (*pipetx.Resume, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(setLockTimeout, lockTimeout(d))
-	b.Queue(waitLock, lock)
-	err := o.conn.SendBatch(ctx, b).Close()
-	if rbErr := o.abort(context.WithoutCancel(ctx), nil); err == nil {
-		err = rbErr
+	old, err := holdLock(ctx, o.conn, b, o.l.lockKey(in), d)
+	if err != nil {
+		if aerr := o.abort(context.WithoutCancel(ctx), nil); aerr != nil {
+			return nil, errors.Join(err, aerr)
+		}
+		return nil, err
 	}
-	return err
+	return &pipetx.Resume{Tx: old.tx, ClaimAt: 1,
+		Prefix: []*pgx.QueuedQuery{pipetx.Queued(setLockTimeout, old.timeout), o.claim(in, mode, now), pipetx.Queued(savepointFn)}}, nil
 }
 
-func (o *ownTx) deleteExpired(ctx context.Context, in Intent) error {
-	_, err := o.conn.Exec(ctx, o.l.q.deleteExpired, in.Scope.Tenant, in.Scope.Operation, string(in.Key), o.l.now())
-	return err
+// held is what holdLock leaves: the transaction that holds the lock, if the batch began
+// one, and the lock_timeout to restore in it.
+type held struct {
+	tx      pgx.Tx
+	timeout string
 }
+
+// holdLock sends b, which opens a transaction or a savepoint, with the statements that
+// wait for the key's lock for at most d and keep it. The wait is bounded on the server
+// by lock_timeout (d is never past the context's deadline), so a deadline ends it with
+// an error PostgreSQL answers, not with the connection closed under it; a context
+// cancelled without a deadline still interrupts it as pgx interrupts any statement.
+func holdLock(ctx context.Context, via pipetx.Sender, b *pgx.Batch, lock int64, d time.Duration) (held, error) {
+	b.Queue(showLockTimeout)
+	b.Queue(setLockTimeout, lockTimeout(d))
+	b.Queue(waitLock, lock)
+	wctx := context.WithoutCancel(ctx)
+	wctx, cancel := context.WithTimeout(wctx, d+holdGrace)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			cancel()
+		}
+	})
+	defer stop()
+	br := via.SendBatch(wctx, b)
+	var h held
+	_, err := br.Exec() // BEGIN or SAVEPOINT
+	if err == nil {
+		err = br.QueryRow().Scan(&h.timeout)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	h.tx = br.Tx()
+	return h, err
+}
+
+// holdGrace is how long past its lock_timeout a wait for a key's lock may go unanswered
+// before the connection is given up: a server that does not answer.
+const holdGrace = 10 * time.Second
 
 // callerTx runs inside the caller's transaction, fenced by savepoints so that a failure
 // undoes only what the ledger did.
@@ -187,60 +241,62 @@ type callerTx struct {
 
 func (c *callerTx) q() querier { return c.outer }
 
-// begin always claims: an optimistic attempt would find a concurrent one only at its
-// INSERT, and wait there as long as that attempt's transaction, the caller's, lasts.
-func (c *callerTx) begin(in Intent, mode claimMode) *pipetx.Tx {
-	claim := c.l.q.claimLocal
-	if mode == claimFirst {
-		claim = c.l.q.claimCheck
+// mode: every mode claims with fn's first statement, or before fn; an optimistic
+// attempt would find a concurrent one only at its INSERT, and wait there as long as
+// that attempt's transaction, the caller's, lasts.
+func (c *callerTx) mode(m Mode) Mode {
+	if m == ModeDefault || m == ModeOptimistic {
+		return ModeClaimWithFirstStatement
 	}
-	return newPipeTx(c.outer, false, 1, mode == claimFirst,
-		pipetx.Queued("SAVEPOINT oncekit_claim"),
-		pipetx.Queued(claim, c.l.claimArgs(in)...),
-		pipetx.Queued("SAVEPOINT oncekit_fn"))
+	return m
 }
 
-func (c *callerTx) firstAttemptMode() claimMode { return claimWithFirstStatement }
-func (c *callerTx) end() string                 { return "RELEASE SAVEPOINT oncekit_claim" }
-func (c *callerTx) txStatus() byte              { return c.outer.Conn().PgConn().TxStatus() }
+// claim is the claim of a caller's transaction, in every mode: the claim that refuses
+// by failing, so that the probe for records the caller's snapshot cannot see does not
+// run for a taken key.
+func (c *callerTx) claim(in Intent, now *time.Time) []*pgx.QueuedQuery {
+	return []*pgx.QueuedQuery{
+		pipetx.Queued(c.l.q.claimLocal, c.l.claimArgs(in, now)...),
+		pipetx.Queued(c.l.q.claimProbe, in.Scope.Tenant, in.Scope.Operation, string(in.Key), now),
+		pipetx.Queued(savepointFn),
+	}
+}
+
+func (c *callerTx) begin(in Intent, mode Mode, now *time.Time, onRefused func(context.Context) (*pipetx.Resume, error)) *pipetx.Tx {
+	return pipetx.New(pipetx.Config{Via: c.outer, ClaimAt: 1, Refused: errClaimRefused, Managed: ErrManagedTx,
+		OnRefused: onRefused, Guard: true,
+		Prefix: append([]*pgx.QueuedQuery{pipetx.Queued("SAVEPOINT oncekit_claim")}, c.claim(in, now)...)})
+}
+
+func (c *callerTx) end() string    { return "RELEASE SAVEPOINT oncekit_claim" }
+func (c *callerTx) txStatus() byte { return c.outer.Conn().PgConn().TxStatus() }
 
 // abort rolls back to where DoTx began. Both statements travel as one simple-protocol
 // query, which an aborted transaction accepts: an extended-protocol batch would have
 // its RELEASE prepared first, and refused.
 func (c *callerTx) abort(ctx context.Context, p *pipetx.Tx) error {
-	if p != nil && !p.Sent() {
+	if p != nil && !p.Opened() {
 		return nil
 	}
 	_, err := c.outer.Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_claim; RELEASE SAVEPOINT oncekit_claim")
 	return err
 }
 
-func (c *callerTx) waitFor(ctx context.Context, lock int64, d time.Duration) error {
-	b := &pgx.Batch{}
-	b.Queue("SAVEPOINT oncekit_wait")
-	b.Queue(setLockTimeout, lockTimeout(d))
-	b.Queue(waitLock, lock)
-	err := c.outer.SendBatch(ctx, b).Close()
-	// Rolling back to the savepoint releases the lock and restores lock_timeout.
-	_, rbErr := c.outer.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT oncekit_wait; RELEASE SAVEPOINT oncekit_wait")
-	if err == nil {
-		err = rbErr
-	}
-	return err
-}
-
-func (c *callerTx) deleteExpired(ctx context.Context, in Intent) error {
+func (c *callerTx) hold(ctx context.Context, in Intent, _ Mode, now *time.Time, d time.Duration) (*pipetx.Resume, error) {
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT oncekit_claim")
-	b.Queue(c.l.q.deleteExpired, in.Scope.Tenant, in.Scope.Operation, string(in.Key), c.l.now())
-	b.Queue("RELEASE SAVEPOINT oncekit_claim")
-	err := c.outer.SendBatch(ctx, b).Close()
-	if err != nil && c.outer.Conn().PgConn().TxStatus() == 'E' {
-		if rbErr := c.abort(context.WithoutCancel(ctx), nil); rbErr != nil {
-			return errors.Join(err, rbErr)
+	old, err := holdLock(ctx, c.outer, b, c.l.lockKey(in), d)
+	if err != nil {
+		// Rolling back to the savepoint releases the lock and restores lock_timeout.
+		if !c.outer.Conn().IsClosed() {
+			if aerr := c.abort(context.WithoutCancel(ctx), nil); aerr != nil {
+				return nil, errors.Join(err, aerr)
+			}
 		}
+		return nil, err
 	}
-	return err
+	return &pipetx.Resume{ClaimAt: 1,
+		Prefix: append([]*pgx.QueuedQuery{pipetx.Queued(setLockTimeout, old.timeout)}, c.claim(in, now)...)}, nil
 }
 
 // commitFailure undoes fn's writes, stores the failure and makes it final. It works
@@ -288,8 +344,10 @@ func undoFn(ctx context.Context, p *pipetx.Tx) error {
 }
 
 const (
-	setLockTimeout = "SELECT set_config('lock_timeout', $1, true)"
-	waitLock       = "SELECT pg_advisory_xact_lock($1)"
+	savepointFn     = "SAVEPOINT oncekit_fn"
+	showLockTimeout = "SELECT current_setting('lock_timeout')"
+	setLockTimeout  = "SELECT set_config('lock_timeout', $1, true)"
+	waitLock        = "SELECT pg_advisory_xact_lock($1)"
 	// maxLockTimeout is the longest lock_timeout PostgreSQL accepts (2^31-1 ms).
 	maxLockTimeout = time.Duration(1<<31-1) * time.Millisecond
 )
@@ -300,21 +358,24 @@ func lockTimeout(d time.Duration) string {
 	return strconv.FormatInt(min(max(d, time.Millisecond), maxLockTimeout).Milliseconds(), 10) + "ms"
 }
 
-// completedBatch is the batch of a completed record with everything but the response
-// and the record's time, which [setCompleted] fills in through args.
+// completedBatch is the batch of a completed record with everything but the clock, the
+// response and the record's time, which [Ledger.setCompleted] fills in through args.
 func (l *Ledger) completedBatch(in Intent, retention time.Duration, end string) (b *pgx.Batch, args []any) {
-	args = []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(), string(in.Fingerprint),
+	args = []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), nil, string(in.Fingerprint),
 		pgsql.Interval(retention), nil, nil, nil, nil}
 	return recordBatch(l.q.insertCompleted, args, end), args
 }
 
-// setCompleted fills in the parameters $7 to $10 of insert_completed.
-func setCompleted(args []any, resp Response, at time.Time) {
+// setCompleted fills in the clock ($4), the claim's, so that the record replaces what
+// the claim found expired and nothing it found live; and the parameters $7 to $10 of
+// insert_completed.
+func setCompleted(args []any, resp Response, at time.Time, now *time.Time) {
+	args[3] = now
 	args[6], args[7], args[8], args[9] = resp.Code, resp.Body, nullable(resp.ResourceRef), at
 }
 
-func (l *Ledger) failedArgs(in Intent, derr *DefinitiveError, retention time.Duration, at time.Time) []any {
-	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(), string(in.Fingerprint),
+func (l *Ledger) failedArgs(in Intent, derr *DefinitiveError, retention time.Duration, at time.Time, now *time.Time) []any {
+	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), now, string(in.Fingerprint),
 		pgsql.Interval(retention), storableText(derr.Code), storableText(derr.Message), at}
 }
 

@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -111,13 +112,25 @@ func countRecords(t testing.TB, pool *pgxpool.Pool, schema string) int {
 	return n
 }
 
-// eachClaimMode runs test in parallel subtests for both ways Do starts: looking for a
-// stored result first, and claiming at once (DoOpts.FirstAttempt).
-func eachClaimMode(t *testing.T, test func(t *testing.T, first bool)) {
-	for _, first := range []bool{false, true} {
-		t.Run(map[bool]string{false: "LookupFirst", true: "ClaimFirst"}[first], func(t *testing.T) {
+// modes are the ways a call of Do claims its key, ModeDefault aside.
+var modes = []ledger.Mode{ledger.ModeClaimWithFirstStatement, ledger.ModeClaimFirst, ledger.ModeLookUpFirst, ledger.ModeOptimistic}
+
+// modeName names a mode for a subtest: ClaimWithFirstStatement and so on.
+func modeName(m ledger.Mode) string {
+	return strings.ReplaceAll(strings.Title(strings.ReplaceAll(m.String(), "_", " ")), " ", "") //nolint:staticcheck // ASCII names
+}
+
+// eachMode runs test in a parallel subtest per mode.
+func eachMode(t *testing.T, test func(t *testing.T, mode ledger.Mode)) {
+	for _, m := range modes {
+		t.Run(modeName(m), func(t *testing.T) {
 			t.Parallel()
-			test(t, first)
+			test(t, m)
 		})
 	}
+}
+
+// callsFnForTakenKey reports whether a mode calls fn before it knows the key is taken.
+func callsFnForTakenKey(m ledger.Mode) bool {
+	return m == ledger.ModeClaimWithFirstStatement || m == ledger.ModeOptimistic
 }

@@ -27,11 +27,13 @@ type querier interface {
 type queries struct {
 	lookup string
 	// The local mode claims with claimLocal, which fails with division_by_zero when the
-	// key is taken, and removes an expired record with deleteExpired.
-	claimLocal    string
-	claimCheck    string
-	deleteExpired string
-	// The local mode inserts its record, with the result, just before it commits.
+	// key is taken, or claimCheck, which answers; in a caller's transaction claimProbe
+	// follows the claim, for records its snapshot cannot see.
+	claimLocal string
+	claimCheck string
+	claimProbe string
+	// The local mode inserts its record, with the result, just before it commits,
+	// replacing an expired record of the key.
 	insertCompleted string
 	insertFailed    string
 	// The external mode claims, then finishes the record under the owner token.
@@ -65,7 +67,7 @@ func newQueries(schema string) queries {
 		lookup:          load("lookup"),
 		claimLocal:      load("claim_local"),
 		claimCheck:      load("claim_check"),
-		deleteExpired:   load("delete_expired"),
+		claimProbe:      load("claim_probe"),
 		insertCompleted: load("insert_completed"),
 		insertFailed:    load("insert_failed"),
 		claim:           load("claim"),

@@ -58,6 +58,7 @@ const (
 	CharacterNotInRepertoire = "22021"
 	UntranslatableCharacter  = "22P05"
 	UniqueViolation          = "23505"
+	CheckViolation           = "23514"
 	InFailedSQLTransaction   = "25P02"
 	SerializationFailure     = "40001"
 	LockNotAvailable         = "55P03"

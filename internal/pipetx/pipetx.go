@@ -25,7 +25,8 @@ type Config struct {
 	Via Sender
 	// Begin makes the prefix begin the transaction.
 	Begin bool
-	// Prefix travels, after BEGIN, in the round trip of the first statement.
+	// Prefix travels, after BEGIN, in the round trip of the first statement. Its first
+	// statement (BEGIN aside) opens what the owner rolls back to, such as a savepoint.
 	Prefix []*pgx.QueuedQuery
 	// ClaimAt is the index within Prefix of the claim statement, or -1 for none. A
 	// claim refuses by failing with a division by zero, which makes PostgreSQL skip
@@ -34,10 +35,35 @@ type Config struct {
 	// Checked claims answer true or false instead of failing, and are read before
 	// the statement that travelled with them.
 	Checked bool
-	// Refused is what every statement returns once the claim was refused.
+	// Refused is what every statement returns once the claim was refused and
+	// OnRefused gave no way on.
 	Refused error
+	// OnRefused is called when the claim was refused, once the batch that carried it
+	// has been read to its end. It either takes the key and says how to go on, and the
+	// statements that travelled with the claim are sent again behind the new prefix,
+	// or returns an error, which every statement returns from then on. Nil means
+	// Refused at once.
+	OnRefused func(ctx context.Context) (*Resume, error)
 	// Managed is what Commit and Rollback return: the owner ends the transaction.
 	Managed error
+	// Guard keeps the first statements from failing before they run in the modes of
+	// pgx that prepare or describe a batch first: a statement PostgreSQL cannot parse
+	// (an unknown table) would otherwise be refused before the prefix runs, leaving a
+	// caller's transaction aborted with nothing to roll back to, and an argument pgx
+	// cannot encode would close the connection with the prefix half sent. A guarded
+	// Tx sends the prefix alone before a statement it has not seen described on the
+	// connection, and encodes the arguments of one it has before sending anything.
+	Guard bool
+}
+
+// Resume is how a [Tx] goes on after OnRefused took the key.
+type Resume struct {
+	// Tx is the transaction OnRefused began, or nil to go on in the current one.
+	Tx pgx.Tx
+	// Prefix replaces Config.Prefix, with the transaction (or savepoint) already open.
+	Prefix []*pgx.QueuedQuery
+	// ClaimAt is the index within Prefix of the claim, or -1.
+	ClaimAt int
 }
 
 // Tx is the transaction handed to a guarded function. Nothing is sent when it is made:
@@ -52,14 +78,21 @@ type Config struct {
 type Tx struct {
 	cfg Config
 
-	sent    bool
-	tx      pgx.Tx // the transaction, once sent
-	refused bool   // the claim was refused
-	err     error  // why nothing more may be sent: the claim was refused or the send failed
+	begin   bool               // the prefix begins the transaction
+	prefix  []*pgx.QueuedQuery // what travels before the first statement
+	claimAt int                // the claim's index in prefix, or -1
+	sent    bool               // the prefix has been sent
+	opened  bool               // the transaction or savepoint the prefix opens exists
+	tx      pgx.Tx             // the transaction, once begun
+	refused bool               // the claim was refused and nothing took the key
+	err     error              // why nothing more may be sent
+	eqb     pgx.ExtendedQueryBuilder
 }
 
 // New returns a Tx that has sent nothing yet.
-func New(cfg Config) *Tx { return &Tx{cfg: cfg} }
+func New(cfg Config) *Tx {
+	return &Tx{cfg: cfg, begin: cfg.Begin, prefix: cfg.Prefix, claimAt: cfg.ClaimAt}
+}
 
 // Queued is a query for a prefix.
 func Queued(sql string, args ...any) *pgx.QueuedQuery {
@@ -68,6 +101,10 @@ func Queued(sql string, args ...any) *pgx.QueuedQuery {
 
 // Sent reports whether the prefix has been sent.
 func (p *Tx) Sent() bool { return p.sent }
+
+// Opened reports whether what the prefix opens (the transaction, or the caller's
+// savepoint) exists, so that there is something to roll back.
+func (p *Tx) Opened() bool { return p.opened }
 
 // Refused reports whether the claim was refused.
 func (p *Tx) Refused() bool { return p.refused }
@@ -84,28 +121,72 @@ func (p *Tx) Send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
 	if p.err != nil {
 		return nil, p.err
 	}
-	if p.sent {
-		if p.tx != nil {
-			return p.tx.SendBatch(ctx, b), nil
+	if !p.sent && p.cfg.Guard && len(b.QueuedQueries) > 0 {
+		if err := p.guard(ctx, b); err != nil {
+			return nil, err
 		}
-		return p.cfg.Via.SendBatch(ctx, b), nil
 	}
+	if p.sent {
+		return p.Current().SendBatch(ctx, b), nil
+	}
+	for {
+		br, err := p.sendPrefixed(ctx, b)
+		if !p.refused {
+			return br, err
+		}
+		if p.cfg.OnRefused == nil {
+			p.err = p.cfg.Refused
+			return nil, p.err
+		}
+		resume, err := p.cfg.OnRefused(ctx)
+		if err != nil {
+			p.err = err
+			return nil, err
+		}
+		p.resume(resume)
+	}
+}
+
+// resume goes on after the key was taken by OnRefused: what it opened is open.
+func (p *Tx) resume(r *Resume) {
+	p.refused, p.sent, p.err = false, false, nil
+	p.begin, p.prefix, p.claimAt = false, r.Prefix, r.ClaimAt
+	p.opened = true
+	if r.Tx != nil {
+		p.tx = r.Tx
+	}
+}
+
+// sendPrefixed sends the prefix and b in one batch and reads the prefix's results.
+func (p *Tx) sendPrefixed(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
 	p.sent = true
 	full := &pgx.Batch{}
-	skip := len(p.cfg.Prefix)
-	if p.cfg.Begin {
+	skip := len(p.prefix)
+	if p.begin {
 		full.BeginTx(pgx.TxOptions{})
 		skip++
 	}
-	full.QueuedQueries = append(full.QueuedQueries, p.cfg.Prefix...)
-	full.QueuedQueries = append(full.QueuedQueries, b.QueuedQueries...)
-	br := p.cfg.Via.SendBatch(ctx, full)
-	if p.cfg.Begin {
+	full.QueuedQueries = append(full.QueuedQueries, p.prefix...)
+	for _, q := range b.QueuedQueries {
+		// A copy: pgx keeps a sent query's statement description in it, and a batch
+		// that failed (a refused claim) may have had its statements deallocated.
+		full.QueuedQueries = append(full.QueuedQueries, &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: q.Fn})
+	}
+	var br pgx.BatchResults
+	if p.tx != nil {
+		br = p.tx.SendBatch(ctx, full)
+	} else {
+		br = p.cfg.Via.SendBatch(ctx, full)
+	}
+	if p.begin {
 		p.tx = br.Tx()
 	}
+	claim := p.claimAt
+	if claim >= 0 && p.begin {
+		claim++
+	}
 	for i := range skip {
-		claim := p.cfg.ClaimAt >= 0 && i == p.cfg.ClaimAt+boolInt(p.cfg.Begin)
-		if p.cfg.Checked && claim {
+		if p.cfg.Checked && i == claim {
 			var ok bool
 			if err := br.QueryRow().Scan(&ok); err != nil {
 				_ = br.Close()
@@ -114,20 +195,22 @@ func (p *Tx) Send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
 			}
 			if !ok {
 				_ = br.Close()
-				p.refused, p.err = true, p.cfg.Refused
-				return nil, p.err
+				p.refused = true
+				return nil, p.cfg.Refused
 			}
 			continue
 		}
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			if claim && pgsql.Code(err) == pgsql.DivisionByZero {
+			if i == claim && pgsql.Code(err) == pgsql.DivisionByZero {
 				p.refused = true
-				p.err = p.cfg.Refused
-			} else {
-				p.err = err
+				return nil, p.cfg.Refused
 			}
-			return nil, p.err
+			p.err = err
+			return nil, err
+		}
+		if i == 0 {
+			p.opened = true
 		}
 	}
 	return br, nil
@@ -249,6 +332,70 @@ func (p *Tx) Current() pgx.Tx {
 	return p.cfg.Via.(pgx.Tx)
 }
 
+// conn is the connection the Tx sends on.
+func (p *Tx) conn() *pgx.Conn {
+	if p.tx != nil {
+		return p.tx.Conn()
+	}
+	switch v := p.cfg.Via.(type) {
+	case pgx.Tx:
+		return v.Conn()
+	case *pgx.Conn:
+		return v
+	}
+	return nil
+}
+
+// guard makes sure that the statements of b cannot fail before they run once the
+// prefix is sent with them: it encodes their arguments against descriptions seen on
+// the connection, and for a statement never described there it sends the prefix alone
+// and describes the statement inside what the prefix opened. An error it returns is
+// the statement's own, with nothing sent or what was sent still open for the owner
+// to roll back.
+func (p *Tx) guard(ctx context.Context, b *pgx.Batch) error {
+	conn := p.conn()
+	if conn == nil {
+		return nil
+	}
+	m := memoOf(conn)
+	if !m.preparesFirst {
+		return nil
+	}
+	for _, q := range b.QueuedQueries {
+		sql, args, err := rewrite(ctx, conn, q.SQL, q.Arguments)
+		if err != nil {
+			return err
+		}
+		sd := m.get(sql)
+		if sd == nil {
+			// Never described on this connection: open what the prefix opens first, so
+			// that a statement PostgreSQL refuses to parse fails inside it.
+			if err := p.Flush(ctx); err != nil {
+				return err
+			}
+			sd, err = p.Current().Conn().Prepare(ctx, "", sql)
+			if err != nil {
+				return err
+			}
+			m.put(sql, sd)
+		}
+		if err := p.eqb.Build(conn.TypeMap(), sd, args); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rewrite applies a query rewriter (such as pgx.NamedArgs) the way pgx will.
+func rewrite(ctx context.Context, conn *pgx.Conn, sql string, args []any) (string, []any, error) {
+	if len(args) > 0 {
+		if r, ok := args[0].(pgx.QueryRewriter); ok {
+			return r.RewriteQuery(ctx, conn, sql, args[1:])
+		}
+	}
+	return sql, args, nil
+}
+
 // batchRows closes its batch once the rows are read or closed.
 type batchRows struct {
 	pgx.Rows
@@ -314,11 +461,4 @@ func pipelinable(sql string, args []any) bool {
 		return false
 	}
 	return true
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
