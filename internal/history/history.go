@@ -123,6 +123,20 @@ func (l *Log) Len() int {
 	return len(l.events)
 }
 
+// DumpOnFailure writes the whole log to the file ONCEKIT_HISTORY_DUMP names, when it is
+// set and t failed, for a look at more than the part a violation prints.
+func (l *Log) DumpOnFailure(t testing.TB) {
+	path := os.Getenv("ONCEKIT_HISTORY_DUMP")
+	if path == "" || !t.Failed() {
+		return
+	}
+	if err := os.WriteFile(path, []byte(Format(l.Events(), 0)), 0o644); err != nil {
+		t.Logf("history: dump: %v", err)
+		return
+	}
+	t.Logf("history: the whole log is in %s", path)
+}
+
 // Of returns the events concerning key, in order.
 func (l *Log) Of(key string) []Event {
 	var out []Event
@@ -167,8 +181,24 @@ func Report(t testing.TB, vs []Violation, limit int) int {
 		}
 		return vs[i].Key < vs[j].Key
 	})
+	counts := map[string]int{}
+	for _, v := range vs {
+		counts[v.Check]++
+	}
+	checks := make([]string, 0, len(counts))
+	for c := range counts {
+		checks = append(checks, c)
+	}
+	sort.Strings(checks)
+	for _, c := range checks {
+		t.Errorf("history: check %q broken %d times", c, counts[c])
+	}
+	shown := map[string]int{}
 	for i, v := range vs {
-		if i == 10 {
+		if shown[v.Check]++; shown[v.Check] > 3 {
+			continue
+		}
+		if i == 1000 {
 			t.Errorf("history: %d more violations left out", len(vs)-i)
 			break
 		}

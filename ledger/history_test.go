@@ -1,0 +1,683 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekit/oncekit/internal/history"
+	"github.com/oncekit/oncekit/internal/pgtest"
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/ledger"
+)
+
+// The history checker's stubbed durations: records expire and leases lapse while the
+// clients run, since the clock moves about as fast as real time.
+const (
+	histRetention = time.Second
+	histLease     = 300 * time.Millisecond
+	histClients   = 16
+	histDoKeys    = 24
+	histExtKeys   = 3
+)
+
+// histChecks are the checks run on the history.
+var histChecks = []string{
+	"one outcome per record lifetime", "fn starts at most once per call", "every replay equals a committed result",
+	"what the client sees is what was committed", "a stale owner never completes", "a waiter gets a result within its wait",
+	"errors agree with the history", "typed errors", "the caller's transaction stays usable",
+}
+
+// histModes are the ways a call of Do or DoTx claims its key.
+var histModes = []string{"Default", "ClaimWithFirstStatement", "ClaimFirst", "LookUpFirst", "Optimistic"}
+
+func histDoOpts(mode string, wait time.Duration) *ledger.DoOpts {
+	m := map[string]ledger.Mode{"Default": ledger.ModeDefault, "ClaimWithFirstStatement": ledger.ModeClaimWithFirstStatement,
+		"ClaimFirst": ledger.ModeClaimFirst, "LookUpFirst": ledger.ModeLookUpFirst, "Optimistic": ledger.ModeOptimistic}[mode]
+	return &ledger.DoOpts{Wait: wait, Mode: m}
+}
+
+// hcall is one call of a client, and what became of it.
+type hcall struct {
+	id       int64
+	client   int
+	op       string // Do, DoTx, Ext
+	mode     string
+	key      string
+	payload  int
+	fnKind   string
+	wait     time.Duration
+	deadline time.Duration // a context deadline shorter than the wait, or 0
+	iso      pgx.TxIsoLevel
+	exec     string
+
+	startSeq, endSeq   int
+	startStub, endStub time.Time
+
+	fnStarts atomic.Int32
+	fnAt     time.Time // the stub time fn read when it started
+
+	res       ledger.Result
+	err       error
+	kind      string // the outcome's class, see classify
+	committed bool   // DoTx: the caller's transaction committed
+	commitSeq int    // DoTx: when the caller's transaction committed
+	commitErr error  // DoTx: why the commit failed
+	unusable  error  // DoTx: the caller's transaction refused a statement after the call
+
+	// The external mode: the lease taken, and how the finish went.
+	token     string
+	finish    string
+	finishOK  bool
+	finishErr error
+	finishSeq int
+}
+
+// histEnv is what the clients share.
+type histEnv struct {
+	t       *testing.T
+	run     history.Run
+	log     *history.Log
+	clock   *stubClock
+	ledgers map[string]*ledger.Ledger // by exec mode
+	execs   []string
+	pool    *pgxpool.Pool
+	schema  string
+	nextID  atomic.Int64
+
+	mu    sync.Mutex
+	calls []*hcall
+}
+
+func (e *histEnv) add(c *hcall) {
+	e.mu.Lock()
+	e.calls = append(e.calls, c)
+	e.mu.Unlock()
+}
+
+func (e *histEnv) event(c *hcall, kind, detail string) int {
+	return e.log.Add(history.Event{Client: c.client, Kind: kind, Op: c.op + "/" + c.mode, Key: c.key, Detail: detail})
+}
+
+// TestHistoryLedger runs many clients against one ledger on a small key space, with
+// faults and a clock that makes records expire and leases lapse mid-run, records every
+// call, fn start and committed effect, and checks the ledger's contract on the history.
+func TestHistoryLedger(t *testing.T) {
+	run := history.Start(t, "./ledger", 20*time.Second)
+	ctx := context.Background()
+	_, b := setup(t, nil)
+	_, err := b.pool.Exec(ctx, `CREATE TABLE effects (key text NOT NULL, call_id bigint PRIMARY KEY, at timestamptz NOT NULL)`)
+	require.NoError(t, err)
+
+	e := &histEnv{t: t, run: run, log: history.NewLog(), clock: b.clock, ledgers: map[string]*ledger.Ledger{}, pool: b.pool, schema: b.schema}
+	for _, mode := range pgtest.ExecModes {
+		pool := pgtest.Pool(t, b.schema, func(c *pgxpool.Config) {
+			c.MaxConns = 6
+			c.ConnConfig.DefaultQueryExecMode = mode
+			c.ConnConfig.RuntimeParams["application_name"] = "oncekit-history"
+		})
+		l, err := ledger.New(pool, &ledger.Config{Schema: b.schema, Retention: histRetention, Lease: histLease,
+			Test: ledger.TestConfig{NowFunc: b.clock.Now}})
+		require.NoError(t, err)
+		name := mode.String()
+		e.ledgers[name] = l
+		e.execs = append(e.execs, name)
+	}
+	sort.Strings(e.execs)
+
+	stop := make(chan struct{})
+	var faults sync.WaitGroup
+	faults.Go(func() { e.moveClock(stop) })
+	faults.Go(func() { e.purge(stop) })
+	faults.Go(func() { e.killBackends(stop) })
+
+	deadline := time.Now().Add(run.Duration)
+	var clients sync.WaitGroup
+	for i := range histClients {
+		clients.Go(func() {
+			rng := run.Rand(i)
+			for time.Now().Before(deadline) {
+				e.step(i, rng)
+			}
+		})
+	}
+	clients.Wait()
+	close(stop)
+	faults.Wait()
+
+	ops := e.check()
+	t.Logf("history: %d calls, %d events, seed %d", ops, e.log.Len(), run.Seed)
+	e.log.DumpOnFailure(t)
+}
+
+// moveClock advances the stubbed clock about as fast as real time, with an occasional
+// jump past the retention.
+func (e *histEnv) moveClock(stop chan struct{}) {
+	rng := e.run.Rand(1000)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		d := time.Duration(rng.IntN(20)) * time.Millisecond
+		if rng.IntN(400) == 0 {
+			d = histRetention + time.Duration(rng.IntN(500))*time.Millisecond
+			e.log.Add(history.Event{Client: -1, Kind: "fault", Op: "clock", Detail: "jump " + d.String()})
+		}
+		e.clock.Advance(d)
+	}
+}
+
+// purge runs the ledger's purge in small batches while the clients work.
+func (e *histEnv) purge(stop chan struct{}) {
+	rng := e.run.Rand(1001)
+	l := e.ledgers[e.execs[0]]
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(20+rng.IntN(150)) * time.Millisecond):
+		}
+		start := e.log.Add(history.Event{Client: -1, Kind: "fault", Op: "purge", Detail: "start"})
+		res, err := l.Purge(context.Background(), &ledger.PurgeOpts{BatchSize: 1 + rng.IntN(4)})
+		if err == nil && res.Deleted > 0 {
+			e.log.Add(history.Event{Client: -1, Kind: "fault", Op: "purge", Detail: fmt.Sprintf("deleted %d (started #%d)", res.Deleted, start)})
+		}
+	}
+}
+
+// killBackends terminates a random backend of the clients' pools now and then.
+func (e *histEnv) killBackends(stop chan struct{}) {
+	rng := e.run.Rand(1002)
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(100+rng.IntN(600)) * time.Millisecond):
+		}
+		var pid int32
+		err := e.pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
+			WHERE application_name = 'oncekit-history' AND state <> 'idle' ORDER BY random() LIMIT 1`).Scan(&pid)
+		if err != nil {
+			continue
+		}
+		if _, err := e.pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", pid); err == nil {
+			e.log.Add(history.Event{Client: -1, Kind: "fault", Op: "terminate", Detail: "backend " + strconv.Itoa(int(pid))})
+		}
+	}
+}
+
+func histScope(op string) keys.Scope { return keys.Scope{Tenant: "acme", Operation: op} }
+
+func histIntent(op, key string, payload int) ledger.Intent {
+	fp, _ := keys.FingerprintJSON(map[string]int{"payload": payload})
+	return ledger.Intent{Scope: histScope(op), Key: keys.Key(key), Fingerprint: fp}
+}
+
+// step runs one call chosen by rng.
+func (e *histEnv) step(client int, rng *rand.Rand) {
+	c := &hcall{id: e.nextID.Add(1), client: client, exec: e.execs[rng.IntN(len(e.execs))]}
+	switch n := rng.IntN(100); {
+	case n < 55:
+		c.op = "Do"
+	case n < 80:
+		c.op = "DoTx"
+	default:
+		c.op = "Ext"
+	}
+	if c.op == "Ext" {
+		c.key = "e" + strconv.Itoa(rng.IntN(histExtKeys))
+		e.external(c, rng)
+		e.add(c)
+		return
+	}
+	c.key = "k" + strconv.Itoa(rng.IntN(histDoKeys))
+	if rng.IntN(2) == 0 {
+		c.key = "k" + strconv.Itoa(rng.IntN(3)) // a few hot keys, on which many calls wait
+	}
+	c.mode = histModes[rng.IntN(len(histModes))]
+	if rng.IntN(40) == 0 {
+		c.payload = 1 // the same key with another payload
+	}
+	fnKinds := []string{"ok", "ok", "ok", "ok", "nostmt", "slow", "retryable", "definitive", "sqlerr", "panic"}
+	c.fnKind = fnKinds[rng.IntN(len(fnKinds))]
+	if rng.IntN(3) > 0 {
+		c.wait = time.Duration(50+rng.IntN(1500)) * time.Millisecond
+	}
+	if rng.IntN(10) == 0 {
+		c.deadline = time.Duration(10+rng.IntN(300)) * time.Millisecond
+	}
+	c.iso = pgx.ReadCommitted
+	if n := rng.IntN(10); n == 0 {
+		c.iso = pgx.RepeatableRead
+	} else if n == 1 {
+		c.iso = pgx.Serializable
+	}
+	commit := rng.IntN(8) > 0
+	e.guarded(c, rng, commit)
+	e.add(c)
+}
+
+// fn is the mutation of call c: it writes an effect row named after the call, so the
+// committed effects can be read back at the end.
+func (e *histEnv) fn(c *hcall, rng *rand.Rand) ledger.Func {
+	slow := time.Duration(rng.IntN(60)) * time.Millisecond
+	var delay time.Duration // holds the key a while, so that other calls meet it in flight
+	if rng.IntN(2) == 0 {
+		delay = time.Duration(1+rng.IntN(30)) * time.Millisecond
+	}
+	if c.fnKind == "retryable" {
+		delay = time.Duration(20+rng.IntN(150)) * time.Millisecond // a holder that fails while others wait
+	}
+	return func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+		c.fnStarts.Add(1)
+		c.fnAt = e.clock.Now()
+		e.event(c, "start", "fn "+c.fnKind)
+		time.Sleep(delay)
+		body := []byte("c" + strconv.FormatInt(c.id, 10))
+		write := func() error {
+			_, err := tx.Exec(ctx, "INSERT INTO effects (key, call_id, at) VALUES ($1, $2, $3)", c.key, c.id, c.fnAt)
+			return err
+		}
+		switch c.fnKind {
+		case "nostmt":
+			return ledger.Response{Code: 200, Body: body}, nil
+		case "slow":
+			time.Sleep(slow)
+		case "retryable":
+			if err := write(); err != nil {
+				return ledger.Response{}, err
+			}
+			return ledger.Response{}, errors.New("retryable failure")
+		case "definitive":
+			if err := write(); err != nil {
+				return ledger.Response{}, err
+			}
+			return ledger.Response{}, ledger.Definitive("declined", string(body))
+		case "sqlerr":
+			_, _ = tx.Exec(ctx, "SELECT 1/0")
+			return ledger.Response{}, ledger.Definitive("declined", string(body))
+		case "panic":
+			if err := write(); err != nil {
+				return ledger.Response{}, err
+			}
+			panic("fn panics")
+		}
+		if err := write(); err != nil {
+			return ledger.Response{}, err
+		}
+		return ledger.Response{Code: 201, Body: body}, nil
+	}
+}
+
+// guarded runs a Do or a DoTx.
+func (e *histEnv) guarded(c *hcall, rng *rand.Rand, commit bool) {
+	l := e.ledgers[c.exec]
+	in := histIntent("do", c.key, c.payload)
+	ctx := context.Background()
+	if c.deadline > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.deadline)
+		defer cancel()
+	}
+	opts := histDoOpts(c.mode, c.wait)
+	c.startStub = e.clock.Now()
+	c.startSeq = e.event(c, "call", fmt.Sprintf("id=%d fn=%s payload=%d wait=%s deadline=%s iso=%s exec=%s", c.id, c.fnKind, c.payload, c.wait, c.deadline, c.iso, c.exec))
+	defer func() {
+		if r := recover(); r != nil {
+			c.err, c.kind = fmt.Errorf("panic: %v", r), "panic"
+		}
+		c.endStub = e.clock.Now()
+		c.endSeq = e.event(c, "return", c.describe())
+	}()
+	if c.op == "Do" {
+		c.res, c.err = l.Do(ctx, in, e.fn(c, rng), opts)
+		c.kind = classify(c.err)
+		return
+	}
+	tx, err := l.Pool().BeginTx(context.Background(), pgx.TxOptions{IsoLevel: c.iso})
+	if err != nil {
+		c.err, c.kind = err, "conn"
+		return
+	}
+	defer tx.Rollback(context.Background())
+	if c.iso != pgx.ReadCommitted {
+		_, _ = tx.Exec(context.Background(), "SELECT count(*) FROM effects") // take the snapshot before the call
+	}
+	c.res, c.err = func() (res ledger.Result, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("panic: %v", r)
+			}
+		}()
+		return l.DoTx(ctx, tx, in, e.fn(c, rng), opts)
+	}()
+	c.kind = classify(c.err)
+	if strings.HasPrefix(fmt.Sprint(c.err), "panic:") {
+		c.kind = "panic"
+	}
+	if c.kind != "conn" && c.kind != "ctx" && !tx.Conn().IsClosed() {
+		if _, err := tx.Exec(context.Background(), "SELECT 1"); err != nil && classify(err) != "conn" {
+			c.unusable = err
+		}
+	}
+	if commit && c.kind != "panic" {
+		if err := tx.Commit(context.Background()); err != nil {
+			c.commitErr = err
+		} else {
+			c.committed = true
+			c.commitSeq = e.event(c, "commit", fmt.Sprintf("id=%d", c.id))
+		}
+	}
+}
+
+// external runs one external-mode flow: claim, maybe stall past the lease, finish.
+func (e *histEnv) external(c *hcall, rng *rand.Rand) {
+	l := e.ledgers[c.exec]
+	c.op, c.mode = "Ext", "Claim"
+	in := histIntent("ext", c.key, 0)
+	ctx := context.Background()
+	var wait time.Duration
+	if rng.IntN(2) == 0 {
+		wait = time.Duration(rng.IntN(400)) * time.Millisecond
+	}
+	c.startStub = e.clock.Now()
+	c.startSeq = e.event(c, "call", fmt.Sprintf("id=%d claim wait=%s", c.id, wait))
+	cr, err := l.Claim(ctx, in, &ledger.ClaimOpts{Wait: wait})
+	c.res, c.err, c.kind = cr.Result, err, classify(err)
+	if cr.Lease != nil {
+		c.token = cr.Lease.Token.String()
+	}
+	c.endStub = e.clock.Now()
+	c.endSeq = e.event(c, "return", c.describe()+" token="+c.token)
+	if cr.Lease == nil {
+		return
+	}
+	if rng.IntN(4) == 0 {
+		time.Sleep(time.Duration(rng.IntN(int(2*histLease/time.Millisecond))) * time.Millisecond) // may outlive the lease
+	}
+	lease := cr.Lease
+	body := []byte("x" + strconv.FormatInt(c.id, 10))
+	finishes := []string{"Complete", "Complete", "Complete", "Fail", "Release", "MarkUncertain", "ExtendComplete"}
+	c.finish = finishes[rng.IntN(len(finishes))]
+	start := e.log.Add(history.Event{Client: c.client, Kind: "call", Op: "Ext/" + c.finish, Key: c.key, Detail: "token=" + c.token})
+	switch c.finish {
+	case "Complete":
+		_, err = l.Complete(ctx, lease, ledger.Response{Code: 200, Body: body})
+	case "Fail":
+		err = l.Fail(ctx, lease, ledger.Definitive("declined", string(body)))
+	case "Release":
+		err = l.Release(ctx, lease)
+	case "MarkUncertain":
+		err = l.MarkUncertain(ctx, lease)
+	case "ExtendComplete":
+		if err = l.Extend(ctx, lease, histLease); err == nil {
+			_, err = l.Complete(ctx, lease, ledger.Response{Code: 200, Body: body})
+		}
+	}
+	c.finishOK, c.finishErr = err == nil, err
+	c.finishSeq = start
+	e.log.Add(history.Event{Client: c.client, Kind: "return", Op: "Ext/" + c.finish, Key: c.key, Detail: fmt.Sprintf("token=%s err=%v", c.token, err)})
+}
+
+func (c *hcall) describe() string {
+	if c.err != nil {
+		return fmt.Sprintf("id=%d %s: %v", c.id, c.kind, c.err)
+	}
+	return fmt.Sprintf("id=%d ok replayed=%v body=%s", c.id, c.res.Replayed, c.res.Body)
+}
+
+// classify names the class of a call's error.
+func classify(err error) string {
+	var derr *ledger.DefinitiveError
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &derr):
+		return "definitive"
+	case errors.Is(err, ledger.ErrInProgress):
+		return "inprogress"
+	case errors.Is(err, ledger.ErrFingerprintMismatch):
+		return "mismatch"
+	case errors.Is(err, ledger.ErrSnapshotConflict):
+		return "snapshot"
+	case errors.Is(err, ledger.ErrLeaseLost):
+		return "leaselost"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return "ctx"
+	case err.Error() == "retryable failure":
+		return "retryable"
+	case errors.As(err, &pgErr) && (pgErr.Code == "57P01" || pgErr.Code == "40001" || pgErr.Code == "40P01"):
+		return "conn" // terminated backend, or the caller's own serialization failure
+	case pgconn.SafeToRetry(err), errors.Is(err, pgx.ErrTxClosed), strings.Contains(err.Error(), "conn closed"),
+		strings.Contains(err.Error(), "unexpected EOF"), strings.Contains(err.Error(), "connection reset"),
+		strings.Contains(err.Error(), "broken pipe"), strings.Contains(err.Error(), "terminating connection"),
+		strings.Contains(err.Error(), "closed pool"), strings.Contains(err.Error(), "conn busy"):
+		return "conn"
+	}
+	return "other"
+}
+
+// outcome is a committed result of a key: a success or a stored failure. Its record
+// was written at a time no earlier than at (fn's start), and it replaced only a record
+// of the key that had expired by the clock of its claim, read no later than by, the
+// call's end.
+type outcome struct {
+	callID int64
+	at, by time.Time
+	failed bool
+	known  bool // the call that produced it reported it (not only the effects table)
+	call   *hcall
+}
+
+// check runs every check on the history and returns the number of calls.
+func (e *histEnv) check() int {
+	t := e.t
+	ctx := context.Background()
+	byID := map[int64]*hcall{}
+	for _, c := range e.calls {
+		byID[c.id] = c
+	}
+	effects := map[int64]time.Time{}
+	rows, err := e.pool.Query(ctx, "SELECT call_id, at FROM effects")
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		var at time.Time
+		require.NoError(t, rows.Scan(&id, &at))
+		effects[id] = at
+	}
+	require.NoError(t, rows.Err())
+
+	var vs []history.Violation
+	bad := func(check string, c *hcall, format string, args ...any) {
+		var events []history.Event
+		for _, ev := range e.log.Of(c.key) {
+			if ev.Seq <= c.doneSeq() {
+				events = append(events, ev)
+			}
+		}
+		vs = append(vs, history.Violation{Check: check, Key: c.key,
+			What:   fmt.Sprintf("call %d (%s/%s, fn %s): ", c.id, c.op, c.mode, c.fnKind) + fmt.Sprintf(format, args...),
+			Events: events})
+	}
+
+	// The committed outcomes of each key: fn's effects as the table holds them, and the
+	// results a call reported as committed where fn wrote nothing (no statement, or a
+	// stored failure).
+	outcomes := map[string][]outcome{}
+	for id, at := range effects {
+		c := byID[id]
+		outcomes[c.key] = append(outcomes[c.key], outcome{callID: id, at: at, by: c.endStub, call: c, known: c.err == nil && (c.op == "Do" || c.committed)})
+	}
+	for _, c := range e.calls {
+		if c.op == "Ext" {
+			continue
+		}
+		committed := c.op == "Do" || c.committed
+		var derr *ledger.DefinitiveError
+		switch {
+		case c.err == nil && !c.res.Replayed && c.fnKind == "nostmt" && committed:
+			outcomes[c.key] = append(outcomes[c.key], outcome{callID: c.id, at: c.fnAt, by: c.endStub, call: c, known: true})
+		case errors.As(c.err, &derr) && !derr.Replayed && committed:
+			outcomes[c.key] = append(outcomes[c.key], outcome{callID: c.id, at: c.fnAt, by: c.endStub, call: c, known: true, failed: true})
+		}
+	}
+	committedBy := map[int64]outcome{}
+	for key, os := range outcomes {
+		sort.Slice(os, func(i, j int) bool { return os[i].at.Before(os[j].at) })
+		outcomes[key] = os
+		for i, o := range os {
+			committedBy[o.callID] = o
+			for _, prev := range os[:i] {
+				// Each record was written between its at and by, and lived for the
+				// retention at least: two records whose writes are closer than that
+				// however they fell in those spans cannot both belong to the key.
+				if spread := max(o.by.Sub(prev.at), prev.by.Sub(o.at)); spread < histRetention {
+					bad("one outcome per record lifetime", o.call, "recorded within [%s, %s], call %d within [%s, %s]: at most %s apart, within the retention",
+						o.at.Format("15:04:05.000"), o.by.Format("15:04:05.000"), prev.callID,
+						prev.at.Format("15:04:05.000"), prev.by.Format("15:04:05.000"), spread)
+				}
+			}
+		}
+	}
+
+	// The external mode: the leases granted on each key.
+	grants := map[string][]*hcall{}
+	for _, c := range e.calls {
+		if c.op == "Ext" && c.token != "" {
+			grants[c.key] = append(grants[c.key], c)
+		}
+	}
+
+	for _, c := range e.calls {
+		if c.op == "Ext" {
+			if c.kind == "other" {
+				bad("typed errors", c, "claim: unexpected error %v", c.err)
+			}
+			if c.finishErr != nil && classify(c.finishErr) == "other" {
+				bad("typed errors", c, "%s: unexpected error %v", c.finish, c.finishErr)
+			}
+			if c.finishOK && c.finish != "Release" && c.finish != "MarkUncertain" {
+				for _, g := range grants[c.key] {
+					if g.token != c.token && g.endSeq > c.endSeq && g.endSeq < c.finishSeq {
+						bad("a stale owner never completes", c, "%s with token %s succeeded after call %d took the key over with token %s",
+							c.finish, c.token, g.id, g.token)
+					}
+				}
+			}
+			continue
+		}
+		if n := c.fnStarts.Load(); n > 1 {
+			bad("fn starts at most once per call", c, "fn started %d times", n)
+		}
+		if c.kind == "other" {
+			bad("typed errors", c, "unexpected error: %v", c.err)
+		}
+		if c.kind == "panic" && c.fnKind != "panic" {
+			bad("typed errors", c, "panicked: %v", c.err)
+		}
+		if c.unusable != nil {
+			bad("the caller's transaction stays usable", c, "after the call: %v", c.unusable)
+		}
+		if c.kind == "snapshot" && c.iso == pgx.ReadCommitted {
+			bad("errors agree with the history", c, "snapshot conflict under READ COMMITTED")
+		}
+		// What the client sees is what was committed.
+		var derr *ledger.DefinitiveError
+		switch {
+		case c.err == nil && c.res.Replayed:
+			e.checkReplay(c, string(c.res.Body), false, committedBy, byID, bad)
+		case errors.As(c.err, &derr) && derr.Replayed:
+			e.checkReplay(c, derr.Message, true, committedBy, byID, bad)
+		case c.err == nil && c.fnKind != "nostmt":
+			_, ok := effects[c.id]
+			if want := c.op == "Do" || c.committed; ok != want && classify(c.commitErr) != "conn" {
+				bad("what the client sees is what was committed", c, "reported a first execution; effect committed: %v, expected %v", ok, want)
+			}
+		}
+		var ipe *ledger.InProgressError
+		if errors.As(c.err, &ipe) {
+			// An optimistic call whose commit met a record that a purge removed before
+			// the call could read it has nothing to replay, and may not run fn again.
+			purged := c.mode == "Optimistic" && e.purgedDuring(c)
+			if c.wait > 0 && (c.deadline == 0 || c.deadline > c.wait) && ipe.Waited < c.wait-100*time.Millisecond && !purged {
+				bad("a waiter gets a result within its wait", c, "in progress after waiting %s of %s", ipe.Waited, c.wait)
+			}
+			for _, o := range outcomes[c.key] {
+				if o.known && o.call.doneSeq() < c.startSeq && c.endStub.Before(o.at.Add(histRetention)) {
+					bad("errors agree with the history", c, "in progress, while call %d's outcome was committed and live", o.callID)
+					break
+				}
+			}
+		}
+	}
+	kinds := map[string]int{}
+	for _, c := range e.calls {
+		kinds[c.op+" "+c.kind]++
+	}
+	t.Logf("history: outcomes %v", kinds)
+	if history.Report(t, vs, 40) == 0 {
+		t.Logf("history: every check held: %s", strings.Join(histChecks, "; "))
+	}
+	return len(e.calls)
+}
+
+// purgedDuring reports whether a purge that deleted records ran while c did.
+func (e *histEnv) purgedDuring(c *hcall) bool {
+	for _, ev := range e.log.Events() {
+		var n, start int
+		if ev.Op != "purge" || ev.Seq < c.startSeq {
+			continue
+		}
+		if _, err := fmt.Sscanf(ev.Detail, "deleted %d (started #%d)", &n, &start); err == nil && start < c.endSeq {
+			return true
+		}
+	}
+	return false
+}
+
+// doneSeq is when a call's outcome was committed, as far as the log knows.
+func (c *hcall) doneSeq() int {
+	if c.commitSeq > 0 {
+		return c.commitSeq
+	}
+	return c.endSeq
+}
+
+// checkReplay checks that a replayed result is one a call committed.
+func (e *histEnv) checkReplay(c *hcall, body string, failed bool, committedBy map[int64]outcome, byID map[int64]*hcall, bad func(string, *hcall, string, ...any)) {
+	id, err := strconv.ParseInt(strings.TrimPrefix(body, "c"), 10, 64)
+	producer := byID[id]
+	if err != nil || producer == nil || producer.key != c.key {
+		bad("every replay equals a committed result", c, "replayed %q, which no call on the key produced", body)
+		return
+	}
+	if o, ok := committedBy[id]; ok {
+		if o.failed != failed {
+			bad("every replay equals a committed result", c, "replayed call %d's result as failed=%v; it committed failed=%v", id, failed, o.failed)
+		}
+		return
+	}
+	if producer.kind == "conn" || producer.kind == "ctx" {
+		return // the producer's commit went unanswered: its outcome is unknown to the client
+	}
+	bad("every replay equals a committed result", c, "replayed call %d's result, which was not committed (%s)", id, producer.describe())
+}
