@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -87,15 +89,18 @@ func newEnv(ctx context.Context, url string, conns int32, params map[string]stri
 //   - floor: bare plus one row of the ledger record's shape sent with COMMIT (3);
 //     floor_pipelined: the same with BEGIN pipelined (2). No dedup logic at all: the
 //     least any ledger can cost at those round trips.
-//   - first: a guarded first execution (FirstAttempt: optimistic, 2 round trips);
-//     first_lookup: looking for a stored result first, then claiming (4); first_claim:
-//     claiming first (ClaimFirst, 3); replay: a completed key (1); replay_claim: the
-//     same with ClaimFirst (2).
+//   - first: a guarded first execution in ModeOptimistic (no claim, 2 round trips);
+//     first_default: the default mode, ModeClaimWithFirstStatement (the claim with the
+//     mutation's statement, 2); first_lookup: ModeLookUpFirst, looking for a stored
+//     result first, then claiming (4); first_claim: ModeClaimFirst (3); replay: a
+//     completed key in ModeLookUpFirst (1); replay_default and replay_claim: the same
+//     in the default mode and in ModeClaimFirst.
 //   - naive: the look-then-insert guard many codebases write first.
 //   - first_metered: first on a ledger whose metrics are recorded (an in-memory meter
 //     summing every counter), so metered_vs_first prices the instruments.
-var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_metered", "first_lookup", "first_claim", "replay", "replay_claim", "naive",
-	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout", "floor_ledger_record", "floor_ledger_record_returning"}
+var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_metered", "first_default", "first_lookup", "first_claim",
+	"replay", "replay_default", "replay_claim", "naive",
+	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout", "floor_ledger_record", "floor_ledger_record_plain"}
 
 // The probes price the statements a first execution could add to floor_pipelined, one
 // at a time: the savepoint, the advisory try-lock, the whole claim, claim and savepoint
@@ -175,28 +180,35 @@ func (e *env) floorRecord() *pgx.QueuedQuery {
 
 // ledgerFloorRecord is the ledger's own record statement aimed at the floor's table:
 // floor_ledger_record is floor_pipelined with it, so first against it is Do's Go code
-// alone. With returning set it is the statement the ledger sent before, which read the
-// database's clock back (floor_ledger_record_returning).
-func (e *env) ledgerFloorRecord(returning bool) *pgx.QueuedQuery {
-	args := []any{"bench", "orders.create", uuid.NewString(), nil, string(e.fp), recordRetention, 201, []byte(`{"status":"created"}`), nil}
-	if returning {
-		return &pgx.QueuedQuery{SQL: ledgerRecordReturning, Arguments: args}
+// alone. With plain set it is the same INSERT without its conflict clause, which
+// replaces an expired record (floor_ledger_record_plain).
+func (e *env) ledgerFloorRecord(plain bool) *pgx.QueuedQuery {
+	sql := ledgerRecord
+	if plain {
+		sql = ledgerRecordPlain
 	}
-	return &pgx.QueuedQuery{SQL: ledgerRecord, Arguments: append(args, time.Now().Truncate(time.Microsecond))}
+	return &pgx.QueuedQuery{SQL: sql, Arguments: []any{"bench", "orders.create", uuid.NewString(), nil, string(e.fp), recordRetention, 201,
+		[]byte(`{"status":"created"}`), nil, time.Now().Truncate(time.Microsecond)}}
 }
 
 // recordRetention is the floor records' retention, as the ledger passes it.
 var recordRetention = pgtype.Interval{Microseconds: (30 * 24 * time.Hour).Microseconds(), Valid: true}
 
-// ledgerRecord is the ledger's record INSERT (ledger/sql/insert_completed.sql).
-const ledgerRecord = `INSERT INTO floor_records (tenant, operation, key, fingerprint, state, status_code, body, resource_ref, attempts, created_at, updated_at, expires_at)
-	VALUES ($1, $2, $3, $5, 'completed', $7, $8, $9, 1, $10, $10, greatest($10, coalesce($4::timestamptz, now())) + $6::interval)`
-
-// ledgerRecordReturning is the record INSERT that took its times from the database and
-// returned created_at.
-const ledgerRecordReturning = `INSERT INTO floor_records (tenant, operation, key, fingerprint, state, status_code, body, resource_ref, attempts, created_at, updated_at, expires_at)
-	VALUES ($1, $2, $3, $5, 'completed', $7, $8, $9, 1, coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()) + $6::interval)
-	RETURNING created_at`
+// ledgerRecord is the ledger's record INSERT, read from its file
+// (ledger/sql/insert_completed.sql; the bench runs from the module's root) and aimed at
+// the floor's table; ledgerRecordPlain is the same without its conflict clause.
+var ledgerRecord, ledgerRecordPlain = func() (string, string) {
+	b, err := os.ReadFile(filepath.Join("ledger", "sql", "insert_completed.sql"))
+	if err != nil {
+		panic("bench: run from the module's root: " + err.Error())
+	}
+	sql := strings.ReplaceAll(string(b), "{{records}}", "floor_records")
+	i := strings.Index(sql, "ON CONFLICT")
+	if i < 0 {
+		panic("bench: the ledger's record statement has no conflict clause")
+	}
+	return sql, sql[:i]
+}()
 
 // finishFloor commits, sending record with COMMIT when it is not nil. tx must be a
 // connection's, not a pool's: a pool takes its connection back only when its
@@ -237,35 +249,28 @@ func (e *env) scenarios() []scenario {
 		}},
 		{"floor_pipelined", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.floorRecord()) }},
 		{"first", func(ctx context.Context, _ int) error {
-			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{FirstAttempt: true})
+			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{Mode: ledger.ModeOptimistic})
 			return err
 		}},
 		{"first_metered", func(ctx context.Context, _ int) error {
-			_, err := e.metered.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{FirstAttempt: true})
+			_, err := e.metered.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{Mode: ledger.ModeOptimistic})
 			return err
 		}},
-		{"first_lookup", func(ctx context.Context, _ int) error {
+		{"first_default", func(ctx context.Context, _ int) error {
 			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, nil)
 			return err
 		}},
+		{"first_lookup", func(ctx context.Context, _ int) error {
+			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{Mode: ledger.ModeLookUpFirst})
+			return err
+		}},
 		{"first_claim", func(ctx context.Context, _ int) error {
-			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{ClaimFirst: true})
+			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{Mode: ledger.ModeClaimFirst})
 			return err
 		}},
-		{"replay_claim", func(ctx context.Context, i int) error {
-			res, err := e.ledger.Do(ctx, e.intent(e.replay[i%len(e.replay)]), e.mutation, &ledger.DoOpts{ClaimFirst: true})
-			if err == nil && !res.Replayed {
-				err = fmt.Errorf("replay scenario ran the mutation")
-			}
-			return err
-		}},
-		{"replay", func(ctx context.Context, i int) error {
-			res, err := e.ledger.Do(ctx, e.intent(e.replay[i%len(e.replay)]), e.mutation, nil)
-			if err == nil && !res.Replayed {
-				err = fmt.Errorf("replay scenario ran the mutation")
-			}
-			return err
-		}},
+		{"replay_claim", e.replayIn(ledger.ModeClaimFirst)},
+		{"replay", e.replayIn(ledger.ModeLookUpFirst)},
+		{"replay_default", e.replayIn(ledger.ModeDefault)},
 		{"naive", func(ctx context.Context, _ int) error { return e.naive(ctx, uuid.NewString()) }},
 		{"probe_savepoint", e.probe("probe_savepoint")},
 		{"probe_lock", e.probe("probe_lock")},
@@ -273,7 +278,18 @@ func (e *env) scenarios() []scenario {
 		{"probe_protocol", e.probe("probe_protocol")},
 		{"probe_lock_timeout", e.probe("probe_lock_timeout")},
 		{"floor_ledger_record", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.ledgerFloorRecord(false)) }},
-		{"floor_ledger_record_returning", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.ledgerFloorRecord(true)) }},
+		{"floor_ledger_record_plain", func(ctx context.Context, _ int) error { return e.pipelined(ctx, e.ledgerFloorRecord(true)) }},
+	}
+}
+
+// replayIn is a replay of a completed key in mode.
+func (e *env) replayIn(mode ledger.Mode) func(context.Context, int) error {
+	return func(ctx context.Context, i int) error {
+		res, err := e.ledger.Do(ctx, e.intent(e.replay[i%len(e.replay)]), e.mutation, &ledger.DoOpts{Mode: mode})
+		if err == nil && !res.Replayed {
+			err = fmt.Errorf("replay scenario ran the mutation")
+		}
+		return err
 	}
 }
 
@@ -331,6 +347,8 @@ var ledgerRatios = [][3]string{
 	{"first_vs_floor", "first", "floor_pipelined"},
 	{"first_vs_bare.metered", "first_metered", "bare"},
 	{"metered_vs_first", "first_metered", "first"},
+	{"first_default_vs_bare", "first_default", "bare"},
+	{"first_default_vs_floor", "first_default", "floor_pipelined"},
 	{"first_lookup_vs_bare", "first_lookup", "bare"},
 	{"first_lookup_vs_floor", "first_lookup", "floor"},
 	{"first_claim_vs_bare", "first_claim", "bare"},
@@ -338,6 +356,7 @@ var ledgerRatios = [][3]string{
 	{"floor_vs_bare", "floor", "bare"},
 	{"bare_pipelined_vs_bare", "bare_pipelined", "bare"},
 	{"replay_vs_first", "replay", "first"},
+	{"replay_default_vs_first_default", "replay_default", "first_default"},
 	{"naive_vs_bare", "naive", "bare"},
 	{"probe_savepoint_vs_floor", "probe_savepoint", "floor_pipelined"},
 	{"probe_lock_vs_floor", "probe_lock", "floor_pipelined"},
@@ -346,7 +365,7 @@ var ledgerRatios = [][3]string{
 	{"probe_lock_timeout_vs_floor", "probe_lock_timeout", "floor_pipelined"},
 	{"floor_ledger_record_vs_floor", "floor_ledger_record", "floor_pipelined"},
 	{"first_vs_floor_ledger_record", "first", "floor_ledger_record"},
-	{"floor_ledger_record_returning_vs_floor", "floor_ledger_record_returning", "floor_pipelined"},
+	{"floor_ledger_record_plain_vs_floor", "floor_ledger_record_plain", "floor_pipelined"},
 }
 
 // run measures on a fresh cluster per repetition (or a fresh schema, on DATABASE_URL),
