@@ -27,6 +27,7 @@ type targets struct {
 	srv    *httptest.Server
 	pool   *pgxpool.Pool
 	schema string
+	ledger *ledger.Ledger
 }
 
 func setupTargets(t *testing.T, configure func(*idempotency.Config), guardMux bool) *targets {
@@ -127,7 +128,7 @@ func setupTargets(t *testing.T, configure func(*idempotency.Config), guardMux bo
 	if guardMux {
 		h = mw(mux)
 	}
-	tg := &targets{srv: httptest.NewServer(h), pool: pool, schema: schema}
+	tg := &targets{srv: httptest.NewServer(h), pool: pool, schema: schema, ledger: l}
 	t.Cleanup(tg.srv.Close)
 	return tg
 }
@@ -287,4 +288,31 @@ func TestMiddleware_OperationNameAndRetention(t *testing.T) {
 	req := httptest.NewRequest(http.MethodPost, "/orders/1/refund", nil)
 	require.Equal(t, "POST /orders/{id}/refund", idempotency.Operation(req, "POST /orders/{id}/refund"))
 	require.Equal(t, "POST /orders/{id}/refund", idempotency.Operation(req, "/orders/{id}/refund"))
+}
+
+// A response that declares its length is buffered in one allocation of that size, and
+// a declared length past the limit is not believed: the buffer stops at the limit.
+func TestMiddleware_DeclaredResponseLength(t *testing.T) {
+	t.Parallel()
+	tg := setupTargets(t, nil, false)
+	mw, err := idempotency.New(&idempotency.Config{Ledger: tg.ledger, TenantFunc: idempotency.FixedTenant("acme"), MaxResponseBytes: 4096})
+	require.NoError(t, err)
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", r.URL.Query().Get("declare"))
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(r.URL.Query().Get("body")))
+	})))
+	defer srv.Close()
+	post := func(query, key string) int {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/x?"+query, nil)
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusCreated, post("declare=5&body=hello", "a"))
+	require.Equal(t, http.StatusCreated, post("declare=9223372036854775807&body=hello", "b"))
+	require.Equal(t, http.StatusInternalServerError, post("declare=5000&body="+strings.Repeat("x", 5000), "c"))
 }

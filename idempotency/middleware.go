@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,7 +28,17 @@ const (
 	ReplayedHeaderDefault = "Idempotency-Replayed"
 	// MaxBodyDefault is the largest request body read, in bytes.
 	MaxBodyDefault = 1 << 20
+	// MaxResponseDefault is the largest response buffered and stored, in bytes, in the
+	// stored form (the allow-listed headers, then the body): the ledger's default limit
+	// on a stored body, ledger.MaxBodyDefault.
+	MaxResponseDefault = ledger.MaxBodyDefault
 )
+
+// ErrResponseTooLarge is what a guarded handler's Write returns once the stored response
+// would pass [Config].MaxResponseBytes. Nothing of the response is sent or stored: the
+// client gets 500 ([ProblemResponseTooLarge]) and the handler's writes roll back, so the
+// handler may stop writing at once.
+var ErrResponseTooLarge = errors.New("oncekit/idempotency: the response is over Config.MaxResponseBytes and will be neither sent nor stored: answer with less (a reference to a large result), or raise the limit")
 
 // MethodsDefault are the methods that require a key.
 func MethodsDefault() []string { return []string{http.MethodPost, http.MethodPatch} }
@@ -65,13 +74,22 @@ type Config struct {
 	// MaxBodyBytes bounds the request body; a larger one answers 413. Defaults to
 	// [MaxBodyDefault].
 	MaxBodyBytes int64
+	// MaxResponseBytes bounds the response the middleware buffers until the ledger's
+	// transaction ends, in the stored form: the allow-listed headers, encoded, then the
+	// body. A handler's Write that would pass it fails with [ErrResponseTooLarge]; the
+	// buffer is dropped, the handler's writes roll back and the client gets 500
+	// ([ProblemResponseTooLarge]). The buffer grows by doubling up to the limit, so a
+	// response costs at most the limit once written, and under twice the limit in
+	// allocations while it grows. Keep it at most ledger.Config.MaxBodyBytes, which the
+	// ledger enforces on what it stores. Defaults to [MaxResponseDefault].
+	MaxResponseBytes int
 	// Wait is how long a duplicate of an in-flight request waits for it before it gets
 	// 409. Defaults to not waiting (409 at once), as does ledger.NoWait.
 	Wait time.Duration
 	// StoreFunc decides which final statuses are stored and replayed; a status it
 	// refuses rolls the handler's writes back and frees the key. A refused status below
 	// 400 would tell the client the request took effect, so the client gets a 500
-	// problem (ProblemNotStored) instead. Defaults to [StoreDefault].
+	// problem ([ProblemNotStored]) instead. Defaults to [StoreDefault].
 	StoreFunc func(status int) bool
 	// ReplayHeaders are the response headers stored and replayed. Defaults to
 	// [ReplayHeadersDefault].
@@ -124,15 +142,25 @@ func New(cfg *Config) (func(http.Handler) http.Handler, error) {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = MaxBodyDefault
 	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = MaxResponseDefault
+	}
+	if c.MaxBodyBytes < 0 || c.MaxResponseBytes < 0 {
+		return nil, errors.New("oncekit/idempotency: Config.MaxBodyBytes and MaxResponseBytes must not be negative; zero means the default")
+	}
 	if c.StoreFunc == nil {
 		c.StoreFunc = StoreDefault
 	}
 	if c.ReplayHeaders == nil {
 		c.ReplayHeaders = ReplayHeadersDefault()
 	}
-	c.ReplayHeaders = slices.DeleteFunc(slices.Clone(c.ReplayHeaders), func(h string) bool {
-		return http.CanonicalHeaderKey(h) == "Set-Cookie"
-	})
+	replay := make([]string, 0, len(c.ReplayHeaders))
+	for _, h := range c.ReplayHeaders {
+		if h = http.CanonicalHeaderKey(h); h != "Set-Cookie" && !slices.Contains(replay, h) {
+			replay = append(replay, h)
+		}
+	}
+	c.ReplayHeaders = replay
 	if c.ReplayedHeader == "" {
 		c.ReplayedHeader = ReplayedHeaderDefault
 	}
@@ -208,26 +236,30 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		return
 	}
 	in := ledger.Intent{Scope: keys.Scope{Tenant: keys.ScopePart(tenant), Operation: Operation(r, c.RouteFunc(r))}, Key: key, Fingerprint: fp}
-	var first *recorder // the handler's own response, when it ran and was stored
+	var answered *recorder // the handler's own response, when it ran and was stored
 	res, err := c.Ledger.Do(r.Context(), in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
-		rec := newRecorder()
+		rec := newRecorder(c.MaxResponseBytes, c.ReplayHeaders)
 		req := r.WithContext(context.WithValue(ctx, txKey{}, tx))
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		next.ServeHTTP(rec, req)
-		if !c.StoreFunc(rec.status) {
+		rec.finish()
+		switch {
+		case rec.tooLarge:
+			return ledger.Response{}, ErrResponseTooLarge
+		case !c.StoreFunc(rec.status):
 			return ledger.Response{}, errNotStored{rec}
 		}
-		first = rec
-		return ledger.Response{Code: rec.status, Body: c.encode(rec)}, nil
+		answered = rec
+		return ledger.Response{Code: rec.status, Body: rec.buf}, nil
 	}, &ledger.DoOpts{Wait: c.Wait, ClaimFirst: true})
 	var ns errNotStored
 	var mm *ledger.FingerprintMismatchError
 	var tl *ledger.BodyTooLargeError
 	switch {
-	case err == nil && !res.Replayed && first != nil:
-		first.writeTo(w) // committed: now the client may see it
+	case err == nil && !res.Replayed && answered != nil:
+		answered.writeTo(w) // committed: now the client may see it
 	case err == nil:
-		c.replay(w, res)
+		c.replay(w, res.Code, res.Body, res.Replayed)
 	case errors.As(err, &ns) && ns.rec.status < 400:
 		// Rolled back: a success-looking answer would claim an effect that is not there.
 		writeProblem(w, http.StatusInternalServerError, ProblemNotStored, "Response not stored",
@@ -241,6 +273,9 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 	case errors.Is(err, ledger.ErrInProgress):
 		writeProblem(w, http.StatusConflict, ProblemInProgress, "Request in progress",
 			"a request with this key is being processed; retry it with the same key", 1)
+	case errors.Is(err, ErrResponseTooLarge):
+		writeProblem(w, http.StatusInternalServerError, ProblemResponseTooLarge, "Response too large to store",
+			fmt.Sprintf("the handler's response is over %d bytes; its writes were rolled back", c.MaxResponseBytes), 0)
 	case errors.As(err, &tl):
 		writeProblem(w, http.StatusInternalServerError, ProblemResponseTooLarge, "Response too large to store",
 			"the request was rolled back: "+tl.Error(), 0)
@@ -286,76 +321,20 @@ func fingerprint(r *http.Request, body []byte) (keys.Fingerprint, error) {
 	return keys.FingerprintBytes(b.Bytes()), nil
 }
 
-// encode stores the allow-listed headers and the body: a length-prefixed JSON header
-// map, then the body bytes unchanged.
-func (c *Config) encode(rec *recorder) []byte {
-	h := map[string][]string{}
-	for _, name := range c.ReplayHeaders {
-		if v := rec.header.Values(name); len(v) > 0 {
-			h[http.CanonicalHeaderKey(name)] = v
-		}
-	}
-	hj, _ := json.Marshal(h)
-	out := make([]byte, 4, 4+len(hj)+rec.body.Len())
-	binary.BigEndian.PutUint32(out, uint32(len(hj)))
-	out = append(out, hj...)
-	return append(out, rec.body.Bytes()...)
-}
-
-func (c *Config) replay(w http.ResponseWriter, res ledger.Result) {
-	stored := res.Body
-	if len(stored) < 4 {
-		writeProblem(w, http.StatusInternalServerError, ProblemUnavailable, "Corrupt stored response", "", 0)
-		return
-	}
-	n := binary.BigEndian.Uint32(stored)
-	var h map[string][]string
-	if int(n) > len(stored)-4 || json.Unmarshal(stored[4:4+n], &h) != nil {
+// replay writes a stored response: status, the stored headers and the body, marked as
+// replayed when it was read from the ledger.
+func (c *Config) replay(w http.ResponseWriter, status int, stored []byte, replayed bool) {
+	h, body, ok := decodeStored(stored)
+	if !ok {
 		writeProblem(w, http.StatusInternalServerError, ProblemUnavailable, "Corrupt stored response", "", 0)
 		return
 	}
 	for k, v := range h {
 		w.Header()[k] = v
 	}
-	if res.Replayed {
+	if replayed {
 		w.Header().Set(c.ReplayedHeader, "true")
 	}
-	w.WriteHeader(res.Code)
-	_, _ = w.Write(stored[4+n:])
-}
-
-// recorder buffers a handler's response until its transaction commits.
-type recorder struct {
-	header http.Header
-	body   bytes.Buffer
-	status int
-	wrote  bool
-}
-
-func newRecorder() *recorder { return &recorder{header: http.Header{}, status: http.StatusOK} }
-
-func (r *recorder) Header() http.Header { return r.header }
-
-// WriteHeader records the final status; 1xx informational responses (103 Early Hints)
-// are not final and are dropped, as nothing reaches the client before the commit.
-func (r *recorder) WriteHeader(status int) {
-	if status >= 100 && status < 200 {
-		return
-	}
-	if !r.wrote {
-		r.status, r.wrote = status, true
-	}
-}
-
-func (r *recorder) Write(b []byte) (int, error) {
-	r.WriteHeader(http.StatusOK)
-	return r.body.Write(b)
-}
-
-func (r *recorder) writeTo(w http.ResponseWriter) {
-	for k, v := range r.header {
-		w.Header()[k] = v
-	}
-	w.WriteHeader(r.status)
-	_, _ = w.Write(r.body.Bytes())
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
 }

@@ -99,6 +99,13 @@ func setup(t *testing.T, configure func(*idempotency.Config)) *bundle {
 	return b
 }
 
+func readAll(t testing.TB, resp *http.Response) []byte {
+	t.Helper()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return body
+}
+
 type reply struct {
 	status int
 	header http.Header

@@ -32,9 +32,11 @@ const (
 	// ProblemTenant: 401, the request's tenant could not be established.
 	ProblemTenant = problemBase + "ProblemTenant"
 	// ProblemUnavailable: 503, the ledger could not be reached; retry with the same key.
+	// Also 500 with the title "Corrupt stored response" when a stored response cannot
+	// be read back.
 	ProblemUnavailable = problemBase + "ProblemUnavailable"
-	// ProblemResponseTooLarge: 500, the handler's response is over the ledger's stored
-	// body limit; the request was rolled back.
+	// ProblemResponseTooLarge: 500, the handler's response is over [Config].MaxResponseBytes
+	// or the ledger's stored body limit; the request was rolled back.
 	ProblemResponseTooLarge = problemBase + "ProblemResponseTooLarge"
 )
 
