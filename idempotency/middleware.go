@@ -3,6 +3,7 @@ package idempotency
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -11,11 +12,13 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncekit/oncekit/internal/pipetx"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 )
@@ -183,6 +186,15 @@ type errNotStored struct{ rec *recorder }
 
 func (errNotStored) Error() string { return "oncekit/idempotency: response not stored" }
 
+// errSuccessNotCommitted carries a success-looking response whose writes cannot commit,
+// because one of the handler's statements failed, out of the ledger call, which rolls
+// back.
+type errSuccessNotCommitted struct{ rec *recorder }
+
+func (errSuccessNotCommitted) Error() string {
+	return "oncekit/idempotency: the handler answered a success after one of its statements failed"
+}
+
 func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	values := r.Header.Values(c.Header)
 	required := slices.Contains(c.Methods, r.Method)
@@ -236,7 +248,7 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		return
 	}
 	in := ledger.Intent{Scope: keys.Scope{Tenant: keys.ScopePart(tenant), Operation: Operation(r, c.RouteFunc(r))}, Key: key, Fingerprint: fp}
-	var answered *recorder // the handler's own response, when it ran and was stored
+	var answered *recorder // the handler's own response, when it ran and its outcome is to be stored
 	res, err := c.Ledger.Do(r.Context(), in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
 		rec := newRecorder(c.MaxResponseBytes, c.ReplayHeaders)
 		req := r.WithContext(context.WithValue(ctx, txKey{}, tx))
@@ -248,11 +260,22 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 			return ledger.Response{}, ErrResponseTooLarge
 		case !c.StoreFunc(rec.status):
 			return ledger.Response{}, errNotStored{rec}
+		case statementFailed(tx):
+			// None of the handler's writes can commit. A definitive answer is stored
+			// without them, as the ledger stores a definitive failure; a success is not
+			// true, and is not sent.
+			if rec.status < 400 {
+				return ledger.Response{}, errSuccessNotCommitted{rec}
+			}
+			answered = rec
+			return ledger.Response{}, &ledger.DefinitiveError{Code: failureCode(rec.status), Message: base64.StdEncoding.EncodeToString(rec.buf)}
 		}
 		answered = rec
 		return ledger.Response{Code: rec.status, Body: rec.buf}, nil
 	}, &ledger.DoOpts{Wait: c.Wait, ClaimFirst: true})
 	var ns errNotStored
+	var snc errSuccessNotCommitted
+	var derr *ledger.DefinitiveError
 	var mm *ledger.FingerprintMismatchError
 	var tl *ledger.BodyTooLargeError
 	switch {
@@ -260,12 +283,25 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		answered.writeTo(w) // committed: now the client may see it
 	case err == nil:
 		c.replay(w, res.Code, res.Body, res.Replayed)
+	case errors.As(err, &derr) && !derr.Replayed && answered != nil:
+		answered.writeTo(w) // the failure is committed
+	case errors.As(err, &derr):
+		status, ok := failureStatus(derr.Code)
+		stored, decodeErr := base64.StdEncoding.DecodeString(derr.Message)
+		if !ok || decodeErr != nil {
+			writeProblem(w, http.StatusInternalServerError, ProblemUnavailable, "Corrupt stored response", "", 0)
+			return
+		}
+		c.replay(w, status, stored, derr.Replayed)
 	case errors.As(err, &ns) && ns.rec.status < 400:
 		// Rolled back: a success-looking answer would claim an effect that is not there.
 		writeProblem(w, http.StatusInternalServerError, ProblemNotStored, "Response not stored",
 			fmt.Sprintf("the handler answered %d, which is not stored, so its writes were rolled back; retry with the same key", ns.rec.status), 0)
 	case errors.As(err, &ns):
 		ns.rec.writeTo(w)
+	case errors.As(err, &snc) || errors.Is(err, ledger.ErrTxAborted):
+		writeProblem(w, http.StatusInternalServerError, ProblemTxAborted, "Handler's writes not committed",
+			"the handler answered a success although one of its statements failed, so none of its writes could commit; nothing was stored: retry with the same key", 0)
 	case errors.As(err, &mm):
 		writeProblem(w, http.StatusUnprocessableEntity, ProblemKeyReused, "Idempotency-Key reused",
 			fmt.Sprintf("the key %q was first used at %s with a different request; send a new key for a new request",
@@ -283,6 +319,32 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		writeProblem(w, http.StatusServiceUnavailable, ProblemUnavailable, "Idempotency store unavailable",
 			"the request was not processed; retry it with the same key", 1)
 	}
+}
+
+// statementFailed reports whether one of the handler's statements failed and left tx
+// aborted, so that none of its writes can commit.
+func statementFailed(tx pgx.Tx) bool {
+	if p, ok := tx.(*pipetx.Tx); ok && !p.Sent() {
+		// Nothing was sent, so nothing failed; asking the connection would send the
+		// ledger's claim in a round trip of its own.
+		return false
+	}
+	return tx.Conn().PgConn().TxStatus() == 'E'
+}
+
+// failurePrefix begins the code of a stored failure: "http_422". The failure's message
+// is the stored response (see [recorder]) in base64, since a failure's message is text.
+const failurePrefix = "http_"
+
+func failureCode(status int) string { return failurePrefix + strconv.Itoa(status) }
+
+func failureStatus(code string) (int, bool) {
+	s, ok := strings.CutPrefix(code, failurePrefix)
+	if !ok {
+		return 0, false
+	}
+	status, err := strconv.Atoi(s)
+	return status, err == nil && status >= 100 && status <= 999
 }
 
 // Operation names the operation of a request: "METHOD route", the method said once

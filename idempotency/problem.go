@@ -38,6 +38,10 @@ const (
 	// ProblemResponseTooLarge: 500, the handler's response is over [Config].MaxResponseBytes
 	// or the ledger's stored body limit; the request was rolled back.
 	ProblemResponseTooLarge = problemBase + "ProblemResponseTooLarge"
+	// ProblemTxAborted: 500, the handler answered a success (2xx or 3xx) although one of
+	// its statements failed, so none of its writes could commit; nothing was stored and
+	// the key is free.
+	ProblemTxAborted = problemBase + "ProblemTxAborted"
 )
 
 // problem is an RFC 9457 problem details document.
