@@ -253,24 +253,37 @@ func TestMiddleware_ReplayedHeaders(t *testing.T) {
 }
 
 // Scope parts the server derives are never refused: a long or non-ASCII path or tenant
-// works, and only the key itself can be blamed.
+// works, and so does a long or non-ASCII route from a RouteFunc (here the path itself,
+// to derive one from anything); only the key itself can be blamed.
 func TestMiddleware_DerivedScopeAlwaysAccepted(t *testing.T) {
 	t.Parallel()
-	tg := setupTargets(t, nil, true)
-	for _, tc := range []struct{ target, client string }{
-		{"/" + strings.Repeat("p", 151), "acme"},
-		{"/caf%C3%A9/%E2%82%AC", "acme"},
-		{"/orders", "jürgen@müller.example"},
-		{"/orders", strings.Repeat("t", 137)},
+	for _, tc := range []struct {
+		name      string
+		configure func(*idempotency.Config)
+	}{
+		{"RoutePattern", nil},
+		{"RouteFunc", func(c *idempotency.Config) { c.RouteFunc = func(r *http.Request) string { return r.URL.Path } }},
 	} {
-		r := tg.post(t, tc.target, "key-1", tc.client, `{}`)
-		require.Equal(t, http.StatusCreated, r.status, "%s as %s: %s", tc.target, tc.client, r.body)
-		r = tg.post(t, tc.target, "key-1", tc.client, `{}`)
-		require.Equal(t, "true", r.header.Get("Idempotency-Replayed"), "%s as %s", tc.target, tc.client)
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tg := setupTargets(t, tc.configure, true)
+			for i, c := range []struct{ target, client string }{
+				{"/" + strings.Repeat("p", 151), "acme"},
+				{"/caf%C3%A9/%E2%82%AC", "acme"},
+				{"/orders", "jürgen@müller.example"},
+				{"/orders", strings.Repeat("t", 137)},
+			} {
+				key := fmt.Sprintf("key-%d", i)
+				r := tg.post(t, c.target, key, c.client, `{}`)
+				require.Equal(t, http.StatusCreated, r.status, "%s as %s: %s", c.target, c.client, r.body)
+				r = tg.post(t, c.target, key, c.client, `{}`)
+				require.Equal(t, "true", r.header.Get("Idempotency-Replayed"), "%s as %s", c.target, c.client)
+			}
+			r := tg.post(t, "/orders", strings.Repeat("k", 300), "acme", `{}`)
+			require.Equal(t, http.StatusBadRequest, r.status)
+			require.Equal(t, idempotency.ProblemKeyInvalid, problemType(t, r))
+		})
 	}
-	r := tg.post(t, "/orders", strings.Repeat("k", 300), "acme", `{}`)
-	require.Equal(t, http.StatusBadRequest, r.status)
-	require.Equal(t, idempotency.ProblemKeyInvalid, problemType(t, r))
 }
 
 // The operation is "METHOD pattern", said once, so a per-route retention applies.

@@ -11,6 +11,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +36,12 @@ const (
 	// stored form (the allow-listed headers, then the body): the ledger's default limit
 	// on a stored body, ledger.MaxBodyDefault.
 	MaxResponseDefault = ledger.MaxBodyDefault
+	// RouteUnknown is the route of a request whose route pattern the middleware cannot
+	// learn: no ServeMux matched it before the middleware and the middleware does not
+	// wrap one, and [Config].RouteFunc is not set. Such requests share one operation per
+	// method, "POST *", so that the concrete path, which the fingerprint covers, never
+	// becomes a scope, a metric attribute or a span attribute.
+	RouteUnknown = "*"
 )
 
 // ErrResponseTooLarge is what a guarded handler's Write returns once the stored response
@@ -65,10 +72,16 @@ type Config struct {
 	// RouteFunc returns the route a request matched, which with the method names the
 	// operation: "METHOD route", such as "POST /orders/{id}/refund" (a method at the
 	// start of the route is not repeated). Records are kept per operation, so
-	// ledger.Config.OperationRetention takes that name. The route is derived, never
-	// refused: a value that is not a valid scope part is mapped by keys.ScopePart.
-	// Defaults to the ServeMux pattern (r.Pattern) when the middleware wraps a route's
-	// handler, else the URL path.
+	// ledger.Config.OperationRetention takes that name, and the ledger's metrics and
+	// spans carry it as oncekit.operation. It must be a route pattern or a fixed name,
+	// never the concrete path, which would make one series per resource (the
+	// fingerprint covers the concrete path anyway). The route is derived, never refused:
+	// a value that is not a valid scope part is mapped by keys.ScopePart. Set it for a
+	// router other than ServeMux, for example from chi.RouteContext(r).RoutePattern().
+	// Defaults to the ServeMux pattern: r.Pattern when the middleware wraps a route's
+	// handler; the pattern the mux matches when it wraps a *http.ServeMux (a request
+	// the mux does not route, which it answers 404, 405 or with a redirect, passes
+	// through unguarded); else [RouteUnknown].
 	RouteFunc func(*http.Request) string
 	// Header is the request header carrying the key. Defaults to [HeaderDefault].
 	Header string
@@ -167,14 +180,6 @@ func New(cfg *Config) (func(http.Handler) http.Handler, error) {
 	if c.ReplayedHeader == "" {
 		c.ReplayedHeader = ReplayedHeaderDefault
 	}
-	if c.RouteFunc == nil {
-		c.RouteFunc = func(r *http.Request) string {
-			if r.Pattern != "" {
-				return r.Pattern
-			}
-			return r.URL.Path
-		}
-	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { c.serve(w, r, next) })
 	}, nil
@@ -195,11 +200,39 @@ func (errSuccessNotCommitted) Error() string {
 	return "oncekit/idempotency: the handler answered a success after one of its statements failed"
 }
 
+// redirectType is the type of the handler a ServeMux returns for a request it redirects.
+var redirectType = reflect.TypeOf(http.RedirectHandler("/", http.StatusTemporaryRedirect))
+
+// route returns the route of r, and false when r is for a wrapped ServeMux that routes it
+// to no handler of its own (it answers 404 or 405, or redirects), so that nothing runs
+// that needs guarding.
+func (c *Config) route(r *http.Request, next http.Handler) (string, bool) {
+	switch {
+	case c.RouteFunc != nil:
+		return c.RouteFunc(r), true
+	case r.Pattern != "":
+		return r.Pattern, true
+	}
+	if mux, ok := next.(*http.ServeMux); ok && r.Method != http.MethodConnect {
+		h, pattern := mux.Handler(r)
+		if pattern == "" || reflect.TypeOf(h) == redirectType {
+			return "", false
+		}
+		return pattern, true
+	}
+	return RouteUnknown, true
+}
+
 func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	values := r.Header.Values(c.Header)
 	required := slices.Contains(c.Methods, r.Method)
 	safe := r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions || r.Method == http.MethodTrace
 	if safe || (!required && len(values) == 0) {
+		next.ServeHTTP(w, r)
+		return
+	}
+	route, guarded := c.route(r, next)
+	if !guarded {
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -247,7 +280,7 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		writeProblem(w, http.StatusBadRequest, ProblemBodyMalformed, "Malformed JSON body", err.Error(), 0)
 		return
 	}
-	in := ledger.Intent{Scope: keys.Scope{Tenant: keys.ScopePart(tenant), Operation: Operation(r, c.RouteFunc(r))}, Key: key, Fingerprint: fp}
+	in := ledger.Intent{Scope: keys.Scope{Tenant: keys.ScopePart(tenant), Operation: Operation(r, route)}, Key: key, Fingerprint: fp}
 	var answered *recorder // the handler's own response, when it ran and its outcome is to be stored
 	res, err := c.Ledger.Do(r.Context(), in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
 		rec := newRecorder(c.MaxResponseBytes, c.ReplayHeaders)
