@@ -303,6 +303,55 @@ func TestMiddleware_OperationNameAndRetention(t *testing.T) {
 	require.Equal(t, "POST /orders/{id}/refund", idempotency.Operation(req, "/orders/{id}/refund"))
 }
 
+// A guarded handler writes to a buffer that reaches the client only after the commit,
+// so it cannot stream: Flush and Hijack are not supported, as the package says.
+func TestMiddleware_GuardedHandlerCannotStream(t *testing.T) {
+	t.Parallel()
+	var flushErr, hijackErr error
+	var isFlusher bool
+	tg := setupTargets(t, nil, false)
+	mw, err := idempotency.New(&idempotency.Config{Ledger: tg.ledger, TenantFunc: idempotency.FixedTenant("acme")})
+	require.NoError(t, err)
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, isFlusher = w.(http.Flusher)
+		rc := http.NewResponseController(w)
+		flushErr = rc.Flush()
+		_, _, hijackErr = rc.Hijack()
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/stream", nil)
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", "s")
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.False(t, isFlusher)
+	require.ErrorIs(t, flushErr, http.ErrNotSupported)
+	require.ErrorIs(t, hijackErr, http.ErrNotSupported)
+}
+
+// Config.Methods says which methods must carry a key; a safe method is never guarded,
+// so listing one is refused rather than silently ignored. Negative limits are refused.
+func TestNew_RefusesSafeMethodsAndNegativeLimits(t *testing.T) {
+	t.Parallel()
+	tg := setupTargets(t, nil, false)
+	for _, cfg := range []idempotency.Config{
+		{Methods: []string{http.MethodPost, http.MethodGet}},
+		{Methods: []string{http.MethodHead}},
+		{MaxResponseBytes: -1},
+		{MaxBodyBytes: -1},
+	} {
+		cfg.Ledger, cfg.TenantFunc = tg.ledger, idempotency.FixedTenant("acme")
+		_, err := idempotency.New(&cfg)
+		require.Error(t, err, "%+v", cfg.Methods)
+	}
+	_, err := idempotency.New(&idempotency.Config{Ledger: tg.ledger, TenantFunc: idempotency.FixedTenant("acme"),
+		Methods: []string{http.MethodPost, http.MethodPut, http.MethodDelete}})
+	require.NoError(t, err)
+}
+
 // A response that declares its length is buffered in one allocation of that size, and
 // a declared length past the limit is not believed: the buffer stops at the limit.
 func TestMiddleware_DeclaredResponseLength(t *testing.T) {

@@ -53,9 +53,18 @@ var ErrResponseTooLarge = errors.New("oncekit/idempotency: the response is over 
 // MethodsDefault are the methods that require a key.
 func MethodsDefault() []string { return []string{http.MethodPost, http.MethodPatch} }
 
+// safeMethod reports whether m is safe (RFC 9110, 9.2.1): it asks for no effect, so the
+// middleware never guards it.
+func safeMethod(m string) bool {
+	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions || m == http.MethodTrace
+}
+
 // ReplayHeadersDefault are the response headers stored and replayed: the
 // representation headers a client needs to read the body as it was first sent, and
-// Location. Set-Cookie is never stored, whatever the configuration says.
+// Location. Cache-Control is not among them: it governs how long the first response
+// may be reused by caches, and replayed later it would restart that time from the
+// replay; add it to Config.ReplayHeaders to replay it anyway. Set-Cookie is never
+// stored, whatever the configuration says.
 func ReplayHeadersDefault() []string {
 	return []string{"Content-Type", "Content-Encoding", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified"}
 }
@@ -85,7 +94,10 @@ type Config struct {
 	RouteFunc func(*http.Request) string
 	// Header is the request header carrying the key. Defaults to [HeaderDefault].
 	Header string
-	// Methods require a key. Defaults to [MethodsDefault].
+	// Methods lists the methods whose requests must carry a key: without one, 400. A
+	// request with another unsafe method (PUT, DELETE) is guarded when it carries a key.
+	// Safe methods (GET, HEAD, OPTIONS, TRACE) ask for no effect and are never guarded,
+	// so New refuses them here. Defaults to [MethodsDefault].
 	Methods []string
 	// MaxBodyBytes bounds the request body; a larger one answers 413. Defaults to
 	// [MaxBodyDefault].
@@ -154,6 +166,11 @@ func New(cfg *Config) (func(http.Handler) http.Handler, error) {
 	}
 	if c.Methods == nil {
 		c.Methods = MethodsDefault()
+	}
+	for _, m := range c.Methods {
+		if safeMethod(m) {
+			return nil, fmt.Errorf("oncekit/idempotency: Config.Methods lists %s, a safe method, which the middleware never guards: remove it", m)
+		}
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = MaxBodyDefault
@@ -226,8 +243,7 @@ func (c *Config) route(r *http.Request, next http.Handler) (string, bool) {
 func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	values := r.Header.Values(c.Header)
 	required := slices.Contains(c.Methods, r.Method)
-	safe := r.Method == http.MethodGet || r.Method == http.MethodHead || r.Method == http.MethodOptions || r.Method == http.MethodTrace
-	if safe || (!required && len(values) == 0) {
+	if safeMethod(r.Method) || (!required && len(values) == 0) {
 		next.ServeHTTP(w, r)
 		return
 	}
