@@ -1,9 +1,12 @@
 package webhook_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -199,6 +202,78 @@ func TestReceiver_HostileBodies(t *testing.T) {
 			float64(allocated)/(1<<20), float64(read.Load())/(1<<20))
 		require.Less(t, peak, tc.maxPeak, fmt.Sprintf("%s: peak heap", tc.name))
 	}
+}
+
+// Senders that send headers with a large Content-Length and then stall cannot lock a
+// genuine delivery out: each read slot's read has a deadline, so a stalled sender loses
+// its slot (408), and a delivery waiting for a slot takes the next one freed, ahead of
+// senders that arrive after it. Four stallers that reconnect as soon as they are cut
+// hold every slot, over and over, while the genuine delivery waits.
+func TestReceiver_SlowSendersCannotLockOut(t *testing.T) {
+	t.Parallel()
+	var handled atomic.Int32
+	h := githubReceiver(t, webhook.Config{ReadSlotWait: 5 * time.Second, BodyReadTimeout: 200 * time.Millisecond,
+		Handle: func(context.Context, pgx.Tx, webhook.Delivery) error {
+			handled.Add(1)
+			return nil
+		}})
+	entered := make(chan struct{}, 1024)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-GitHub-Delivery") == "stall" {
+			entered <- struct{}{}
+		}
+		h.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var cut atomic.Int32
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	stall := "POST / HTTP/1.1\r\nHost: receiver\r\nContent-Length: 1000000\r\nX-GitHub-Delivery: stall\r\n" +
+		"X-Hub-Signature-256: sha256=" + strings.Repeat("0", 64) + "\r\n\r\n{"
+	for range webhook.MaxConcurrentReadsDefault {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+				if err != nil {
+					return
+				}
+				stop := context.AfterFunc(ctx, func() { conn.Close() })
+				if _, err := io.WriteString(conn, stall); err == nil {
+					// The server answers only once it gives up on the body.
+					if resp, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil {
+						resp.Body.Close()
+						if resp.StatusCode == http.StatusRequestTimeout {
+							cut.Add(1)
+						}
+					}
+				}
+				stop()
+				conn.Close()
+			}
+		})
+	}
+	for range webhook.MaxConcurrentReadsDefault {
+		select {
+		case <-entered:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the stalling senders never reached the receiver")
+		}
+	}
+
+	body := []byte(`{"issue":"1","version":1,"title":"genuine"}`)
+	req, err := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("X-GitHub-Delivery", "genuine")
+	req.Header.Set("X-Hub-Signature-256", sign(body))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the genuine delivery got a read slot")
+	require.Equal(t, int32(1), handled.Load())
+	require.Positive(t, cut.Load(), "stalled senders were cut off with 408")
 }
 
 // With ReadSlotWait set to ledger.NoWait, a delivery that finds every read slot taken is

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,6 +27,10 @@ const (
 	// ReadSlotWaitDefault is how long a delivery waits for a read slot before it is
 	// answered 503 with Retry-After.
 	ReadSlotWaitDefault = 10 * time.Second
+	// BodyReadTimeoutDefault is how long a delivery that holds a read slot has to send
+	// its body. It is below ReadSlotWaitDefault, so a delivery waiting for a slot gets
+	// one while it waits, whatever the senders holding the slots do.
+	BodyReadTimeoutDefault = 5 * time.Second
 )
 
 // A body sent without Content-Length is read into a buffer that starts at
@@ -89,9 +95,21 @@ type Config struct {
 	// [MaxConcurrentReadsDefault].
 	MaxConcurrentReads int
 	// ReadSlotWait is how long a delivery waits for a read slot before the receiver
-	// answers 503 with Retry-After. Defaults to [ReadSlotWaitDefault]; ledger.NoWait
-	// answers at once when no slot is free.
+	// answers 503 with Retry-After. Waiting deliveries take freed slots in the order they
+	// came. Defaults to [ReadSlotWaitDefault]; ledger.NoWait answers at once when no
+	// slot is free.
 	ReadSlotWait time.Duration
+	// BodyReadTimeout bounds how long a delivery that holds a read slot has to send its
+	// whole body, from the moment it takes the slot: a sender that stalls (headers with a
+	// large Content-Length, then nothing) loses its slot, is answered 408 and its
+	// connection closed. Keep it below ReadSlotWait, so that a delivery waiting for a
+	// slot gets one, whatever the senders holding the slots do; and long enough for your
+	// largest deliveries over the slowest link you accept. The receiver sets it with
+	// http.ResponseController.SetReadDeadline, which replaces http.Server's read deadline
+	// for the body; behind a middleware whose ResponseWriter does not unwrap to the
+	// server's it cannot, and only the server's timeouts bound the read. Defaults to
+	// [BodyReadTimeoutDefault]; a negative value sets no deadline.
+	BodyReadTimeout time.Duration
 	// Wait is how long a redelivery waits for the same delivery still in flight before
 	// answering 409. Defaults to not waiting, as does ledger.NoWait.
 	Wait time.Duration
@@ -123,6 +141,9 @@ func New(cfg *Config) (http.Handler, error) {
 	}
 	if c.ReadSlotWait == 0 {
 		c.ReadSlotWait = ReadSlotWaitDefault
+	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = BodyReadTimeoutDefault
 	}
 	if c.MaxBodyBytes < 0 || c.MaxConcurrentReads < 0 {
 		return nil, errors.New("oncekit/webhook: Config.MaxBodyBytes and MaxConcurrentReads must not be negative")
@@ -186,14 +207,25 @@ func (c *Config) authenticate(w http.ResponseWriter, r *http.Request) (body []by
 	return body, v, 0, nil
 }
 
-// read reads the body of a delivery that holds a read slot.
+// read reads the body of a delivery that holds a read slot, within BodyReadTimeout.
 func (c *Config) read(w http.ResponseWriter, r *http.Request) ([]byte, int, error) {
+	if c.BodyReadTimeout > 0 {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(c.BodyReadTimeout)) == nil {
+			// Cleared once the body is read: the server's own reads on the connection
+			// (the one that notices a client gone, the next request's) must not inherit it.
+			defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+		}
+	}
 	body, err := readBody(r.Body, r.ContentLength, c.MaxBodyBytes)
+	var ne net.Error
 	switch {
 	case err == nil:
 		return body, 0, nil
 	case errors.Is(err, errBodyTooLarge):
 		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("the body is over the limit of %d bytes", c.MaxBodyBytes)
+	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+		return nil, http.StatusRequestTimeout, fmt.Errorf("the body was not received within %s; send it again", c.BodyReadTimeout)
 	case r.ContentLength >= 0 && errors.Is(err, io.ErrUnexpectedEOF):
 		return nil, http.StatusBadRequest, errors.New("the body is shorter than its Content-Length")
 	}
