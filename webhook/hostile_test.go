@@ -30,7 +30,10 @@ import (
 // on every delivery.
 func TestNew_RefusesUnusableSecrets(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
+	_, err := migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
 	l, err := ledger.New(pool, &ledger.Config{Schema: schema})
 	require.NoError(t, err)
 	handle := func(context.Context, pgx.Tx, webhook.Delivery) error { return nil }
@@ -40,11 +43,11 @@ func TestNew_RefusesUnusableSecrets(t *testing.T) {
 		"Empty":          webhook.StandardWebhooks{},
 		"GitHubNoSecret": webhook.GitHub(nil),
 	} {
-		_, err := webhook.New(&webhook.Config{Ledger: l, Verifier: v, Handle: handle, Source: "s"})
+		_, err := webhook.New(ctx, &webhook.Config{Ledger: l, Verifier: v, Handle: handle, Source: "s"})
 		require.Error(t, err, name)
 		require.Contains(t, err.Error(), "secret", name)
 	}
-	_, err = webhook.New(&webhook.Config{Ledger: l, Verifier: webhook.StandardWebhooks{Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
+	_, err = webhook.New(ctx, &webhook.Config{Ledger: l, Verifier: webhook.StandardWebhooks{Secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"},
 		Handle: handle, Source: "s"})
 	require.NoError(t, err)
 }
@@ -328,7 +331,7 @@ func githubReceiver(t *testing.T, cfg webhook.Config) http.Handler {
 	cfg.Ledger, err = ledger.New(pool, &ledger.Config{Schema: schema})
 	require.NoError(t, err)
 	cfg.Verifier, cfg.Source = webhook.GitHub(secret), "github"
-	h, err := webhook.New(&cfg)
+	h, err := webhook.New(context.Background(), &cfg)
 	require.NoError(t, err)
 	return h
 }

@@ -124,8 +124,57 @@ const (
 	StatusRefused   = "refused"   // the handler refused it definitively
 )
 
-// New returns the webhook endpoint.
-func New(cfg *Config) (http.Handler, error) {
+// ErrSchema: the ledger's schema lacks a table the receiver needs.
+var ErrSchema = errors.New("oncekit/webhook: the schema lacks a table the receiver needs")
+
+// SchemaError reports a table missing from the ledger's schema, found when the receiver
+// is made, and the migration line that creates it. It matches [ErrSchema].
+type SchemaError struct {
+	// Schema is the ledger's schema.
+	Schema string
+	// Table is the missing table: idempotency_records (the ledger's) or entity_versions
+	// (this package's, written by [Delivery.Newer]).
+	Table string
+	// Line is the migration line that creates it: ledger.MigrationLine or
+	// [MigrationLine].
+	Line string
+}
+
+func (e *SchemaError) Error() string {
+	files := "ledger.Migrations()"
+	if e.Line == MigrationLine {
+		files = "webhook.Migrations() (after ledger.Migrations())"
+	}
+	return fmt.Sprintf("oncekit/webhook: schema %q has no table %s: run migrate.Up(ctx, pool, %q), or apply %s with your migration tool",
+		e.Schema, e.Table, e.Schema, files)
+}
+
+// Is matches [ErrSchema].
+func (e *SchemaError) Is(target error) bool { return target == ErrSchema }
+
+// checkSchema makes sure the ledger's schema has the receiver's tables, so a receiver
+// that lacks them is refused when it is made rather than answering 500 to deliveries.
+func checkSchema(ctx context.Context, l *ledger.Ledger) error {
+	tables := []struct{ name, line string }{{"idempotency_records", ledger.MigrationLine}, {"entity_versions", MigrationLine}}
+	var found [2]bool
+	err := l.Pool().QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+		pgx.Identifier{l.Schema(), tables[0].name}.Sanitize(), pgx.Identifier{l.Schema(), tables[1].name}.Sanitize()).
+		Scan(&found[0], &found[1])
+	if err != nil {
+		return fmt.Errorf("oncekit/webhook: check the schema %q: %w", l.Schema(), err)
+	}
+	for i, t := range tables {
+		if !found[i] {
+			return &SchemaError{Schema: l.Schema(), Table: t.name, Line: t.line}
+		}
+	}
+	return nil
+}
+
+// New returns the webhook endpoint. It checks that the ledger's schema has the
+// receiver's tables (migrate.Up creates them), and returns a [*SchemaError] naming the
+// migration to run when it does not.
+func New(ctx context.Context, cfg *Config) (http.Handler, error) {
 	if cfg == nil || cfg.Ledger == nil || cfg.Verifier == nil || cfg.Handle == nil || cfg.Source == "" {
 		return nil, errors.New("oncekit/webhook: Config needs Ledger, Verifier, Handle and Source")
 	}
@@ -155,6 +204,9 @@ func New(cfg *Config) (http.Handler, error) {
 	}
 	scope := keys.Scope{Tenant: c.Tenant, Operation: "webhook." + c.Source}
 	if err := scope.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkSchema(ctx, c.Ledger); err != nil {
 		return nil, err
 	}
 	c.slots = make(chan struct{}, c.MaxConcurrentReads)

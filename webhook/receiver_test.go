@@ -55,7 +55,7 @@ func setup(t *testing.T) *bundle {
 	l, err := ledger.New(pool, &ledger.Config{Schema: schema})
 	require.NoError(t, err)
 	b := &bundle{pool: pool}
-	h, err := webhook.New(&webhook.Config{Ledger: l, Verifier: webhook.GitHub(secret), Source: "github",
+	h, err := webhook.New(ctx, &webhook.Config{Ledger: l, Verifier: webhook.GitHub(secret), Source: "github",
 		Handle: func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 			b.calls.Add(1)
 			var ev issueEvent
@@ -187,4 +187,39 @@ func TestReceiver_RefusedDelivery(t *testing.T) {
 	other := []byte(`{"issue":"9","version":1,"title":"x"}`)
 	status, _ := b.deliver(t, "d-bad-json", other, sign(other))
 	require.Equal(t, http.StatusUnprocessableEntity, status, "same delivery ID, another body")
+}
+
+// A schema without the webhook line's table is refused when the receiver is made, with
+// an error that names the migration to run, instead of a 500 on every delivery that
+// calls Delivery.Newer; so is one without the ledger's table.
+func TestNew_RefusesSchemaWithoutTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	handle := func(context.Context, pgx.Tx, webhook.Delivery) error { return nil }
+	for _, tc := range []struct {
+		name    string
+		migrate func(*pgxpool.Pool, string) error
+		missing string
+	}{
+		{"LedgerLineOnly", func(pool *pgxpool.Pool, schema string) error {
+			_, err := ledger.Migrate(ctx, pool, schema)
+			return err
+		}, "entity_versions"},
+		{"Nothing", func(*pgxpool.Pool, string) error { return nil }, "idempotency_records"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pool, schema := pgtest.NewSchema(t)
+			require.NoError(t, tc.migrate(pool, schema))
+			l, err := ledger.New(pool, &ledger.Config{Schema: schema})
+			require.NoError(t, err)
+			_, err = webhook.New(ctx, &webhook.Config{Ledger: l, Verifier: webhook.GitHub(secret), Source: "github", Handle: handle})
+			require.ErrorIs(t, err, webhook.ErrSchema)
+			var serr *webhook.SchemaError
+			require.ErrorAs(t, err, &serr)
+			require.Equal(t, schema, serr.Schema)
+			require.Equal(t, tc.missing, serr.Table)
+			require.Contains(t, err.Error(), "migrate.Up")
+		})
+	}
 }
