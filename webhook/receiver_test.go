@@ -10,8 +10,10 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -187,6 +189,52 @@ func TestReceiver_RefusedDelivery(t *testing.T) {
 	other := []byte(`{"issue":"9","version":1,"title":"x"}`)
 	status, _ := b.deliver(t, "d-bad-json", other, sign(other))
 	require.Equal(t, http.StatusUnprocessableEntity, status, "same delivery ID, another body")
+}
+
+// A delivery redelivered after its record's retention is a new delivery, processed
+// again: once. The test counts the handler's calls, not committed rows, since a call
+// that runs the handler twice still commits once.
+func TestReceiver_RedeliveryAfterRetentionRunsHandlerOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	l, err := ledger.New(pool, &ledger.Config{Schema: schema, Retention: time.Hour, Test: ledger.TestConfig{NowFunc: clock}})
+	require.NoError(t, err)
+	var calls atomic.Int32
+	h, err := webhook.New(ctx, &webhook.Config{Ledger: l, Verifier: webhook.GitHub(secret), Source: "github",
+		Handle: func(context.Context, pgx.Tx, webhook.Delivery) error {
+			calls.Add(1)
+			return nil
+		}})
+	require.NoError(t, err)
+	b := &bundle{srv: httptest.NewServer(h), pool: pool}
+	defer b.srv.Close()
+
+	body := []byte(`{"issue":"7","version":1,"title":"t"}`)
+	_, state := b.deliver(t, "d-late", body, sign(body))
+	require.Equal(t, webhook.StatusProcessed, state)
+	_, state = b.deliver(t, "d-late", body, sign(body))
+	require.Equal(t, webhook.StatusDuplicate, state)
+
+	mu.Lock()
+	now = now.Add(time.Hour + time.Minute)
+	mu.Unlock()
+	status, state := b.deliver(t, "d-late", body, sign(body))
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, webhook.StatusProcessed, state, "an expired record is absent")
+	require.Equal(t, int32(2), calls.Load(), "the redelivery ran the handler once")
+	_, state = b.deliver(t, "d-late", body, sign(body))
+	require.Equal(t, webhook.StatusDuplicate, state)
+	require.Equal(t, int32(2), calls.Load())
 }
 
 // A schema without the webhook line's table is refused when the receiver is made, with
