@@ -27,6 +27,7 @@ type targets struct {
 	srv    *httptest.Server
 	pool   *pgxpool.Pool
 	schema string
+	ledger *ledger.Ledger
 }
 
 func setupTargets(t *testing.T, configure func(*idempotency.Config), guardMux bool) *targets {
@@ -127,7 +128,7 @@ func setupTargets(t *testing.T, configure func(*idempotency.Config), guardMux bo
 	if guardMux {
 		h = mw(mux)
 	}
-	tg := &targets{srv: httptest.NewServer(h), pool: pool, schema: schema}
+	tg := &targets{srv: httptest.NewServer(h), pool: pool, schema: schema, ledger: l}
 	t.Cleanup(tg.srv.Close)
 	return tg
 }
@@ -252,24 +253,37 @@ func TestMiddleware_ReplayedHeaders(t *testing.T) {
 }
 
 // Scope parts the server derives are never refused: a long or non-ASCII path or tenant
-// works, and only the key itself can be blamed.
+// works, and so does a long or non-ASCII route from a RouteFunc (here the path itself,
+// to derive one from anything); only the key itself can be blamed.
 func TestMiddleware_DerivedScopeAlwaysAccepted(t *testing.T) {
 	t.Parallel()
-	tg := setupTargets(t, nil, true)
-	for _, tc := range []struct{ target, client string }{
-		{"/" + strings.Repeat("p", 151), "acme"},
-		{"/caf%C3%A9/%E2%82%AC", "acme"},
-		{"/orders", "jürgen@müller.example"},
-		{"/orders", strings.Repeat("t", 137)},
+	for _, tc := range []struct {
+		name      string
+		configure func(*idempotency.Config)
+	}{
+		{"RoutePattern", nil},
+		{"RouteFunc", func(c *idempotency.Config) { c.RouteFunc = func(r *http.Request) string { return r.URL.Path } }},
 	} {
-		r := tg.post(t, tc.target, "key-1", tc.client, `{}`)
-		require.Equal(t, http.StatusCreated, r.status, "%s as %s: %s", tc.target, tc.client, r.body)
-		r = tg.post(t, tc.target, "key-1", tc.client, `{}`)
-		require.Equal(t, "true", r.header.Get("Idempotency-Replayed"), "%s as %s", tc.target, tc.client)
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tg := setupTargets(t, tc.configure, true)
+			for i, c := range []struct{ target, client string }{
+				{"/" + strings.Repeat("p", 151), "acme"},
+				{"/caf%C3%A9/%E2%82%AC", "acme"},
+				{"/orders", "jürgen@müller.example"},
+				{"/orders", strings.Repeat("t", 137)},
+			} {
+				key := fmt.Sprintf("key-%d", i)
+				r := tg.post(t, c.target, key, c.client, `{}`)
+				require.Equal(t, http.StatusCreated, r.status, "%s as %s: %s", c.target, c.client, r.body)
+				r = tg.post(t, c.target, key, c.client, `{}`)
+				require.Equal(t, "true", r.header.Get("Idempotency-Replayed"), "%s as %s", c.target, c.client)
+			}
+			r := tg.post(t, "/orders", strings.Repeat("k", 300), "acme", `{}`)
+			require.Equal(t, http.StatusBadRequest, r.status)
+			require.Equal(t, idempotency.ProblemKeyInvalid, problemType(t, r))
+		})
 	}
-	r := tg.post(t, "/orders", strings.Repeat("k", 300), "acme", `{}`)
-	require.Equal(t, http.StatusBadRequest, r.status)
-	require.Equal(t, idempotency.ProblemKeyInvalid, problemType(t, r))
 }
 
 // The operation is "METHOD pattern", said once, so a per-route retention applies.
@@ -287,4 +301,80 @@ func TestMiddleware_OperationNameAndRetention(t *testing.T) {
 	req := httptest.NewRequest(http.MethodPost, "/orders/1/refund", nil)
 	require.Equal(t, "POST /orders/{id}/refund", idempotency.Operation(req, "POST /orders/{id}/refund"))
 	require.Equal(t, "POST /orders/{id}/refund", idempotency.Operation(req, "/orders/{id}/refund"))
+}
+
+// A guarded handler writes to a buffer that reaches the client only after the commit,
+// so it cannot stream: Flush and Hijack are not supported, as the package says.
+func TestMiddleware_GuardedHandlerCannotStream(t *testing.T) {
+	t.Parallel()
+	var flushErr, hijackErr error
+	var isFlusher bool
+	tg := setupTargets(t, nil, false)
+	mw, err := idempotency.New(&idempotency.Config{Ledger: tg.ledger, TenantFunc: idempotency.FixedTenant("acme")})
+	require.NoError(t, err)
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, isFlusher = w.(http.Flusher)
+		rc := http.NewResponseController(w)
+		flushErr = rc.Flush()
+		_, _, hijackErr = rc.Hijack()
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/stream", nil)
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", "s")
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.False(t, isFlusher)
+	require.ErrorIs(t, flushErr, http.ErrNotSupported)
+	require.ErrorIs(t, hijackErr, http.ErrNotSupported)
+}
+
+// Config.Methods says which methods must carry a key; a safe method is never guarded,
+// so listing one is refused rather than silently ignored. Negative limits are refused.
+func TestNew_RefusesSafeMethodsAndNegativeLimits(t *testing.T) {
+	t.Parallel()
+	tg := setupTargets(t, nil, false)
+	for _, cfg := range []idempotency.Config{
+		{Methods: []string{http.MethodPost, http.MethodGet}},
+		{Methods: []string{http.MethodHead}},
+		{MaxResponseBytes: -1},
+		{MaxBodyBytes: -1},
+	} {
+		cfg.Ledger, cfg.TenantFunc = tg.ledger, idempotency.FixedTenant("acme")
+		_, err := idempotency.New(&cfg)
+		require.Error(t, err, "%+v", cfg.Methods)
+	}
+	_, err := idempotency.New(&idempotency.Config{Ledger: tg.ledger, TenantFunc: idempotency.FixedTenant("acme"),
+		Methods: []string{http.MethodPost, http.MethodPut, http.MethodDelete}})
+	require.NoError(t, err)
+}
+
+// A response that declares its length is buffered in one allocation of that size, and
+// a declared length past the limit is not believed: the buffer stops at the limit.
+func TestMiddleware_DeclaredResponseLength(t *testing.T) {
+	t.Parallel()
+	tg := setupTargets(t, nil, false)
+	mw, err := idempotency.New(&idempotency.Config{Ledger: tg.ledger, TenantFunc: idempotency.FixedTenant("acme"), MaxResponseBytes: 4096})
+	require.NoError(t, err)
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", r.URL.Query().Get("declare"))
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(r.URL.Query().Get("body")))
+	})))
+	defer srv.Close()
+	post := func(query, key string) int {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/x?"+query, nil)
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusCreated, post("declare=5&body=hello", "a"))
+	require.Equal(t, http.StatusCreated, post("declare=9223372036854775807&body=hello", "b"))
+	require.Equal(t, http.StatusInternalServerError, post("declare=5000&body="+strings.Repeat("x", 5000), "c"))
 }

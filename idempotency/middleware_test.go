@@ -37,13 +37,21 @@ type bundle struct {
 // the time), so a replay is recognisable.
 func setup(t *testing.T, configure func(*idempotency.Config)) *bundle {
 	t.Helper()
+	return setupWithLedger(t, &ledger.Config{MaxBodyBytes: 4096}, configure)
+}
+
+// setupWithLedger is setup with the ledger configured by lcfg (its Schema is set here).
+func setupWithLedger(t *testing.T, lcfg *ledger.Config, configure func(*idempotency.Config)) *bundle {
+	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
 	_, err := ledger.Migrate(ctx, pool, schema)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text NOT NULL, item text NOT NULL)`)
 	require.NoError(t, err)
-	l, err := ledger.New(pool, &ledger.Config{Schema: schema, MaxBodyBytes: 4096})
+	lc := *lcfg
+	lc.Schema = schema
+	l, err := ledger.New(pool, &lc)
 	require.NoError(t, err)
 	b := &bundle{pool: pool, schema: schema, calls: new(int64), mu: &sync.Mutex{}}
 	cfg := &idempotency.Config{Ledger: l, TenantFunc: func(r *http.Request) (string, error) {
@@ -97,6 +105,20 @@ func setup(t *testing.T, configure func(*idempotency.Config)) *bundle {
 	b.srv = httptest.NewServer(mux)
 	t.Cleanup(b.srv.Close)
 	return b
+}
+
+// handlerCalls is how many times the handler has run.
+func (b *bundle) handlerCalls() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return *b.calls
+}
+
+func readAll(t testing.TB, resp *http.Response) []byte {
+	t.Helper()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return body
 }
 
 type reply struct {

@@ -32,10 +32,16 @@ const (
 	// ProblemTenant: 401, the request's tenant could not be established.
 	ProblemTenant = problemBase + "ProblemTenant"
 	// ProblemUnavailable: 503, the ledger could not be reached; retry with the same key.
+	// Also 500 with the title "Corrupt stored response" when a stored response cannot
+	// be read back.
 	ProblemUnavailable = problemBase + "ProblemUnavailable"
-	// ProblemResponseTooLarge: 500, the handler's response is over the ledger's stored
-	// body limit; the request was rolled back.
+	// ProblemResponseTooLarge: 500, the handler's response is over [Config].MaxResponseBytes
+	// or the ledger's stored body limit; the request was rolled back.
 	ProblemResponseTooLarge = problemBase + "ProblemResponseTooLarge"
+	// ProblemTxAborted: 500, the handler answered a success (2xx or 3xx) although one of
+	// its statements failed, so none of its writes could commit; nothing was stored and
+	// the key is free.
+	ProblemTxAborted = problemBase + "ProblemTxAborted"
 )
 
 // problem is an RFC 9457 problem details document.

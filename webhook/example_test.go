@@ -37,7 +37,7 @@ func Example() {
 	}
 	const secret = "example-webhook-secret"
 	handled := 0
-	h, err := webhook.New(&webhook.Config{Ledger: l, Source: "github", Verifier: webhook.GitHub([]byte(secret)),
+	h, err := webhook.New(ctx, &webhook.Config{Ledger: l, Source: "github", Verifier: webhook.GitHub([]byte(secret)),
 		Handle: func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 			handled++ // write through tx: it commits with the delivery's record
 			return nil

@@ -1,13 +1,14 @@
 package webhook
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,6 +27,20 @@ const (
 	// ReadSlotWaitDefault is how long a delivery waits for a read slot before it is
 	// answered 503 with Retry-After.
 	ReadSlotWaitDefault = 10 * time.Second
+	// BodyReadTimeoutDefault is how long a delivery that holds a read slot has to send
+	// its body. It is below ReadSlotWaitDefault, so a delivery waiting for a slot gets
+	// one while it waits, whatever the senders holding the slots do.
+	BodyReadTimeoutDefault = 5 * time.Second
+)
+
+// A body sent without Content-Length is read into a buffer that starts at
+// smallBodyStart and doubles up to smallBodyMax; past that, into one buffer of
+// MaxBodyBytes. A small delivery costs little, and no read holds more than MaxBodyBytes
+// plus the small buffers it outgrew (under 2 × smallBodyMax in all), where doubling all
+// the way would hold up to twice the limit.
+const (
+	smallBodyStart = 16 << 10
+	smallBodyMax   = 256 << 10
 )
 
 // Delivery is one authentic webhook delivery.
@@ -69,17 +84,32 @@ type Config struct {
 	// Tenant owns the deliveries. Defaults to Source.
 	Tenant string
 	// MaxBodyBytes bounds the body read: a Content-Length over it is refused with 413
-	// before anything is read. Defaults to [MaxBodyDefault].
+	// before anything is read, and a body without one is refused with 413 once it passes
+	// the limit. Defaults to [MaxBodyDefault].
 	MaxBodyBytes int64
-	// MaxConcurrentReads bounds how many bodies are read at the same time. A body must
-	// be read whole before its signature can be checked, so this bounds the memory that
-	// unauthenticated senders can hold: at most MaxConcurrentReads × MaxBodyBytes.
-	// Defaults to [MaxConcurrentReadsDefault].
+	// MaxConcurrentReads bounds how many unauthenticated bodies are in memory at once. A
+	// body must be read whole before its signature can be checked, so a delivery holds a
+	// read slot from before its first byte is read until its signature is checked: at
+	// most MaxConcurrentReads × MaxBodyBytes, plus under 512 KiB per read of a body sent
+	// without Content-Length (see the package documentation). Defaults to
+	// [MaxConcurrentReadsDefault].
 	MaxConcurrentReads int
 	// ReadSlotWait is how long a delivery waits for a read slot before the receiver
-	// answers 503 with Retry-After. Defaults to [ReadSlotWaitDefault]; ledger.NoWait
-	// answers at once when no slot is free.
+	// answers 503 with Retry-After. Waiting deliveries take freed slots in the order they
+	// came. Defaults to [ReadSlotWaitDefault]; ledger.NoWait answers at once when no
+	// slot is free.
 	ReadSlotWait time.Duration
+	// BodyReadTimeout bounds how long a delivery that holds a read slot has to send its
+	// whole body, from the moment it takes the slot: a sender that stalls (headers with a
+	// large Content-Length, then nothing) loses its slot, is answered 408 and its
+	// connection closed. Keep it below ReadSlotWait, so that a delivery waiting for a
+	// slot gets one, whatever the senders holding the slots do; and long enough for your
+	// largest deliveries over the slowest link you accept. The receiver sets it with
+	// http.ResponseController.SetReadDeadline, which replaces http.Server's read deadline
+	// for the body; behind a middleware whose ResponseWriter does not unwrap to the
+	// server's it cannot, and only the server's timeouts bound the read. Defaults to
+	// [BodyReadTimeoutDefault]; a negative value sets no deadline.
+	BodyReadTimeout time.Duration
 	// Wait is how long a redelivery waits for the same delivery still in flight before
 	// answering 409. Defaults to not waiting, as does ledger.NoWait.
 	Wait time.Duration
@@ -94,8 +124,57 @@ const (
 	StatusRefused   = "refused"   // the handler refused it definitively
 )
 
-// New returns the webhook endpoint.
-func New(cfg *Config) (http.Handler, error) {
+// ErrSchema: the ledger's schema lacks a table the receiver needs.
+var ErrSchema = errors.New("oncekit/webhook: the schema lacks a table the receiver needs")
+
+// SchemaError reports a table missing from the ledger's schema, found when the receiver
+// is made, and the migration line that creates it. It matches [ErrSchema].
+type SchemaError struct {
+	// Schema is the ledger's schema.
+	Schema string
+	// Table is the missing table: idempotency_records (the ledger's) or entity_versions
+	// (this package's, written by [Delivery.Newer]).
+	Table string
+	// Line is the migration line that creates it: ledger.MigrationLine or
+	// [MigrationLine].
+	Line string
+}
+
+func (e *SchemaError) Error() string {
+	files := "ledger.Migrations()"
+	if e.Line == MigrationLine {
+		files = "webhook.Migrations() (after ledger.Migrations())"
+	}
+	return fmt.Sprintf("oncekit/webhook: schema %q has no table %s: run migrate.Up(ctx, pool, %q), or apply %s with your migration tool",
+		e.Schema, e.Table, e.Schema, files)
+}
+
+// Is matches [ErrSchema].
+func (e *SchemaError) Is(target error) bool { return target == ErrSchema }
+
+// checkSchema makes sure the ledger's schema has the receiver's tables, so a receiver
+// that lacks them is refused when it is made rather than answering 500 to deliveries.
+func checkSchema(ctx context.Context, l *ledger.Ledger) error {
+	tables := []struct{ name, line string }{{"idempotency_records", ledger.MigrationLine}, {"entity_versions", MigrationLine}}
+	var found [2]bool
+	err := l.Pool().QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+		pgx.Identifier{l.Schema(), tables[0].name}.Sanitize(), pgx.Identifier{l.Schema(), tables[1].name}.Sanitize()).
+		Scan(&found[0], &found[1])
+	if err != nil {
+		return fmt.Errorf("oncekit/webhook: check the schema %q: %w", l.Schema(), err)
+	}
+	for i, t := range tables {
+		if !found[i] {
+			return &SchemaError{Schema: l.Schema(), Table: t.name, Line: t.line}
+		}
+	}
+	return nil
+}
+
+// New returns the webhook endpoint. It checks that the ledger's schema has the
+// receiver's tables (migrate.Up creates them), and returns a [*SchemaError] naming the
+// migration to run when it does not.
+func New(ctx context.Context, cfg *Config) (http.Handler, error) {
 	if cfg == nil || cfg.Ledger == nil || cfg.Verifier == nil || cfg.Handle == nil || cfg.Source == "" {
 		return nil, errors.New("oncekit/webhook: Config needs Ledger, Verifier, Handle and Source")
 	}
@@ -112,6 +191,9 @@ func New(cfg *Config) (http.Handler, error) {
 	if c.ReadSlotWait == 0 {
 		c.ReadSlotWait = ReadSlotWaitDefault
 	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = BodyReadTimeoutDefault
+	}
 	if c.MaxBodyBytes < 0 || c.MaxConcurrentReads < 0 {
 		return nil, errors.New("oncekit/webhook: Config.MaxBodyBytes and MaxConcurrentReads must not be negative")
 	}
@@ -122,6 +204,9 @@ func New(cfg *Config) (http.Handler, error) {
 	}
 	scope := keys.Scope{Tenant: c.Tenant, Operation: "webhook." + c.Source}
 	if err := scope.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkSchema(ctx, c.Ledger); err != nil {
 		return nil, err
 	}
 	c.slots = make(chan struct{}, c.MaxConcurrentReads)
@@ -152,34 +237,100 @@ func (c *Config) acquireSlot(ctx context.Context) (int, error) {
 	}
 }
 
-// read reads the body of an unauthenticated delivery within the Config's bounds: a
-// declared length over the limit is refused before anything is read, a declared length
-// is read into one buffer of that size, and at most MaxConcurrentReads bodies are read
-// at once. status is the answer to give when err is not nil.
-func (c *Config) read(r *http.Request) (body []byte, status int, err error) {
+// authenticate reads a delivery's body and verifies its signature, holding a read slot
+// from before the first byte is read until the verdict, so that an unauthenticated
+// body is in memory only while it holds a slot. status is the answer to give when err
+// is not nil.
+func (c *Config) authenticate(w http.ResponseWriter, r *http.Request) (body []byte, v Verified, status int, err error) {
 	if r.ContentLength > c.MaxBodyBytes {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("the body is %d bytes, over the limit of %d", r.ContentLength, c.MaxBodyBytes)
+		return nil, Verified{}, http.StatusRequestEntityTooLarge,
+			fmt.Errorf("the body is %d bytes, over the limit of %d", r.ContentLength, c.MaxBodyBytes)
 	}
 	if status, err := c.acquireSlot(r.Context()); err != nil {
-		return nil, status, err
+		return nil, Verified{}, status, err
 	}
 	defer func() { <-c.slots }()
-	lr := io.LimitReader(r.Body, c.MaxBodyBytes+1)
-	if r.ContentLength >= 0 {
-		body = make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(lr, body); err != nil {
-			return nil, http.StatusBadRequest, errors.New("the body is shorter than its Content-Length")
+	if body, status, err = c.read(w, r); err != nil {
+		return nil, Verified{}, status, err
+	}
+	if v, err = c.Verifier.Verify(r.Header, body); err != nil {
+		return nil, Verified{}, http.StatusUnauthorized, err
+	}
+	return body, v, 0, nil
+}
+
+// read reads the body of a delivery that holds a read slot, within BodyReadTimeout.
+func (c *Config) read(w http.ResponseWriter, r *http.Request) ([]byte, int, error) {
+	if c.BodyReadTimeout > 0 {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(c.BodyReadTimeout)) == nil {
+			// Cleared once the body is read: the server's own reads on the connection
+			// (the one that notices a client gone, the next request's) must not inherit it.
+			defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 		}
+	}
+	body, err := readBody(r.Body, r.ContentLength, c.MaxBodyBytes)
+	var ne net.Error
+	switch {
+	case err == nil:
 		return body, 0, nil
-	}
-	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(lr); err != nil {
-		return nil, http.StatusBadRequest, errors.New("the body could not be read")
-	}
-	if int64(buf.Len()) > c.MaxBodyBytes {
+	case errors.Is(err, errBodyTooLarge):
 		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("the body is over the limit of %d bytes", c.MaxBodyBytes)
+	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+		return nil, http.StatusRequestTimeout, fmt.Errorf("the body was not received within %s; send it again", c.BodyReadTimeout)
+	case r.ContentLength >= 0 && errors.Is(err, io.ErrUnexpectedEOF):
+		return nil, http.StatusBadRequest, errors.New("the body is shorter than its Content-Length")
 	}
-	return buf.Bytes(), 0, nil
+	return nil, http.StatusBadRequest, errors.New("the body could not be read")
+}
+
+// errBodyTooLarge is readBody's answer to a body over its limit.
+var errBodyTooLarge = errors.New("oncekit/webhook: body over the limit")
+
+// readBody reads a body of declared length (-1 when unknown, as in a chunked request) of
+// at most limit bytes. A declared length is read into one buffer of that size; an
+// unknown one into small buffers, then one of limit bytes (see smallBodyMax), so that
+// no buffer ever passes the limit.
+func readBody(body io.Reader, declared, limit int64) ([]byte, error) {
+	if declared >= 0 {
+		buf := make([]byte, declared)
+		if _, err := io.ReadFull(body, buf); err != nil {
+			return nil, err
+		}
+		return buf, nil
+	}
+	buf := make([]byte, 0, min(smallBodyStart, limit))
+	for {
+		if len(buf) == cap(buf) {
+			if int64(len(buf)) == limit {
+				// Full: one more byte says whether the body goes on.
+				var one [1]byte
+				n, err := io.ReadFull(body, one[:])
+				switch {
+				case n > 0:
+					return nil, errBodyTooLarge
+				case err == io.EOF:
+					return buf, nil
+				}
+				return nil, err
+			}
+			next := int64(2 * cap(buf))
+			if next > smallBodyMax {
+				next = limit
+			}
+			grown := make([]byte, len(buf), min(next, limit))
+			copy(grown, buf)
+			buf = grown
+		}
+		n, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }
 
 func (c *Config) serve(w http.ResponseWriter, r *http.Request, scope keys.Scope) {
@@ -188,18 +339,15 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, scope keys.Scope)
 		answer(w, http.StatusMethodNotAllowed, "error", "webhooks are POSTed")
 		return
 	}
-	body, status, err := c.read(r)
+	body, v, status, err := c.authenticate(w, r)
 	if err != nil {
 		if status == http.StatusServiceUnavailable {
 			w.Header().Set("Retry-After", "5")
 		}
-		w.Header().Set("Connection", "close") // the rest of an unread body is not drained
+		if status != http.StatusUnauthorized {
+			w.Header().Set("Connection", "close") // the rest of an unread body is not drained
+		}
 		answer(w, status, "error", err.Error())
-		return
-	}
-	v, err := c.Verifier.Verify(r.Header, body)
-	if err != nil {
-		answer(w, http.StatusUnauthorized, "error", err.Error())
 		return
 	}
 	key, err := keys.New(v.ID)

@@ -10,8 +10,10 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -55,7 +57,7 @@ func setup(t *testing.T) *bundle {
 	l, err := ledger.New(pool, &ledger.Config{Schema: schema})
 	require.NoError(t, err)
 	b := &bundle{pool: pool}
-	h, err := webhook.New(&webhook.Config{Ledger: l, Verifier: webhook.GitHub(secret), Source: "github",
+	h, err := webhook.New(ctx, &webhook.Config{Ledger: l, Verifier: webhook.GitHub(secret), Source: "github",
 		Handle: func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 			b.calls.Add(1)
 			var ev issueEvent
@@ -187,4 +189,85 @@ func TestReceiver_RefusedDelivery(t *testing.T) {
 	other := []byte(`{"issue":"9","version":1,"title":"x"}`)
 	status, _ := b.deliver(t, "d-bad-json", other, sign(other))
 	require.Equal(t, http.StatusUnprocessableEntity, status, "same delivery ID, another body")
+}
+
+// A delivery redelivered after its record's retention is a new delivery, processed
+// again: once. The test counts the handler's calls, not committed rows, since a call
+// that runs the handler twice still commits once.
+func TestReceiver_RedeliveryAfterRetentionRunsHandlerOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	l, err := ledger.New(pool, &ledger.Config{Schema: schema, Retention: time.Hour, Test: ledger.TestConfig{NowFunc: clock}})
+	require.NoError(t, err)
+	var calls atomic.Int32
+	h, err := webhook.New(ctx, &webhook.Config{Ledger: l, Verifier: webhook.GitHub(secret), Source: "github",
+		Handle: func(context.Context, pgx.Tx, webhook.Delivery) error {
+			calls.Add(1)
+			return nil
+		}})
+	require.NoError(t, err)
+	b := &bundle{srv: httptest.NewServer(h), pool: pool}
+	defer b.srv.Close()
+
+	body := []byte(`{"issue":"7","version":1,"title":"t"}`)
+	_, state := b.deliver(t, "d-late", body, sign(body))
+	require.Equal(t, webhook.StatusProcessed, state)
+	_, state = b.deliver(t, "d-late", body, sign(body))
+	require.Equal(t, webhook.StatusDuplicate, state)
+
+	mu.Lock()
+	now = now.Add(time.Hour + time.Minute)
+	mu.Unlock()
+	status, state := b.deliver(t, "d-late", body, sign(body))
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, webhook.StatusProcessed, state, "an expired record is absent")
+	require.Equal(t, int32(2), calls.Load(), "the redelivery ran the handler once")
+	_, state = b.deliver(t, "d-late", body, sign(body))
+	require.Equal(t, webhook.StatusDuplicate, state)
+	require.Equal(t, int32(2), calls.Load())
+}
+
+// A schema without the webhook line's table is refused when the receiver is made, with
+// an error that names the migration to run, instead of a 500 on every delivery that
+// calls Delivery.Newer; so is one without the ledger's table.
+func TestNew_RefusesSchemaWithoutTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	handle := func(context.Context, pgx.Tx, webhook.Delivery) error { return nil }
+	for _, tc := range []struct {
+		name    string
+		migrate func(*pgxpool.Pool, string) error
+		missing string
+	}{
+		{"LedgerLineOnly", func(pool *pgxpool.Pool, schema string) error {
+			_, err := ledger.Migrate(ctx, pool, schema)
+			return err
+		}, "entity_versions"},
+		{"Nothing", func(*pgxpool.Pool, string) error { return nil }, "idempotency_records"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pool, schema := pgtest.NewSchema(t)
+			require.NoError(t, tc.migrate(pool, schema))
+			l, err := ledger.New(pool, &ledger.Config{Schema: schema})
+			require.NoError(t, err)
+			_, err = webhook.New(ctx, &webhook.Config{Ledger: l, Verifier: webhook.GitHub(secret), Source: "github", Handle: handle})
+			require.ErrorIs(t, err, webhook.ErrSchema)
+			var serr *webhook.SchemaError
+			require.ErrorAs(t, err, &serr)
+			require.Equal(t, schema, serr.Schema)
+			require.Equal(t, tc.missing, serr.Table)
+			require.Contains(t, err.Error(), "migrate.Up")
+		})
+	}
 }
