@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -102,4 +103,35 @@ func TestRun_ResetOfFinishedSagaReplaysItsOutcome(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A saga still running is reset while its compensations run (the deposit given back, the
+// withdrawal's refund in flight) to the workflow task before its deposit. The reset run
+// must not run the saga forward over money partly given back: it finds that the saga
+// began compensating, replays the deposit, compensates every step, and the money is back
+// where it was, each refund made once.
+func TestRun_ResetDuringCompensationCompensates(t *testing.T) {
+	t.Parallel()
+	b := newServerBank(t)
+	o := order{ID: "reset-compensating"}
+	b.failing.Store(o.ID, "notify")
+	open := make(chan struct{})
+	b.undoGate.Store(o.ID, undoGate{step: "withdraw", open: open})
+	run := b.start(t, "reset-compensating", o)
+	select {
+	case <-b.undoEntered:
+	case <-time.After(time.Minute):
+		t.Fatal("the withdrawal's compensation never started")
+	}
+	require.Equal(t, map[string]int{"withdraw": 1, "deposit": 0, "notify": 0}, b.net(t, o.ID), "the deposit was given back")
+	b.failing.Delete(o.ID) // run forward, the reset run would now complete the order
+	tasks := workflowTasks(t, b.c, run)
+	reset := reset(t, b.c, run, tasks[1])
+	close(open) // the refund in flight in the reset-away run lands too
+	_, typ := result(t, reset)
+	require.Equal(t, compensated, typ)
+	state, code := b.recorded(t, o.ID)
+	require.Equal(t, ledger.StateFailed, state)
+	require.Equal(t, compensated, code)
+	require.Equal(t, restored, b.net(t, o.ID))
 }

@@ -345,13 +345,14 @@ func (s *Saga) learn(r Recorded) {
 	}
 }
 
-// keepHolding renews the run's claim every third of the lease until stop is called, so
-// that a saga whose step or compensation retries through a long outage keeps its key.
-// What a renewal finds is acted on at the next step or compensation, which asks again.
+// keepHolding renews the run's claim every third of the lease (at most once per
+// holdEveryMin) until stop is called, so that a saga whose step or compensation retries
+// through a long outage keeps its key. What a renewal finds is acted on at the next step
+// or compensation, which asks again.
 func (s *Saga) keepHolding(ctx workflow.Context) (stop func()) {
 	dctx, _ := workflow.NewDisconnectedContext(ctx)
 	hctx, cancel := workflow.WithCancel(dctx)
-	every := s.opts.Lease / 3
+	every := max(s.opts.Lease/3, holdEveryMin)
 	workflow.GoNamed(hctx, "oncekit.saga.hold", func(ctx workflow.Context) {
 		for workflow.Sleep(ctx, every) == nil {
 			_ = workflow.ExecuteLocalActivity(localOptions(ctx), ActivityHold, s.req).Get(ctx, nil)
@@ -359,6 +360,10 @@ func (s *Saga) keepHolding(ctx workflow.Context) (stop func()) {
 	})
 	return cancel
 }
+
+// holdEveryMin bounds how often a run renews its lease in the background, whatever the
+// lease: a lease of a second or less can lapse between two renewals.
+const holdEveryMin = time.Second
 
 // recordOptions are the options of the Begin (when it waits) and End activities: short
 // attempts (a lost worker's attempt is retried within seconds), retried like

@@ -57,8 +57,8 @@ type Opts struct {
 	// a second run with the same key may take the saga over. A live run renews it before
 	// each step and compensation and every third of the lease, so a long step or
 	// compensation never loses the key; the lease only bounds how long a dead run (its
-	// workflow terminated, or no worker running it) keeps others waiting. Defaults to the
-	// workflow's execution timeout, or [LeaseDefault].
+	// workflow terminated, or no worker running it) keeps others waiting. Keep it above a
+	// few seconds. Defaults to the workflow's execution timeout, or [LeaseDefault].
 	Lease time.Duration
 	// Parallel runs the compensations all at once instead of in reverse order.
 	// Defaults to false.
@@ -425,7 +425,7 @@ func boundedText(msg string) string {
 	if len(msg) <= limit {
 		return msg
 	}
-	return msg[:limit] + "..."
+	return strings.ToValidUTF8(msg[:limit], "") + "..."
 }
 
 // capped reports whether a compensation failed because Temporal's in-memory test
