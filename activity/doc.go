@@ -24,7 +24,9 @@
 //
 // A compensation reads the record of the step it undoes with [StepResult]: the step's
 // stored result when it completed, or that it never ran, failed definitively, or is still
-// pending. [RegisterSaga] registers the activities package saga records outcomes with.
+// pending; it finds the step by the operation the step ran under, whether the step named
+// its activity by registered name or by function. [RegisterSaga] registers the
+// activities package saga records sagas with.
 //
 // # Errors
 //

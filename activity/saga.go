@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	tactivity "go.temporal.io/sdk/activity"
 
 	"github.com/oncekit/oncekit/keys"
@@ -20,11 +21,14 @@ type Registry interface {
 	RegisterActivityWithOptions(a any, options tactivity.RegisterOptions)
 }
 
-// RegisterSaga registers the activities that package saga records outcomes with
-// ([saga.ActivityBegin] and [saga.ActivityEnd]) on r. worker.NewPlugin and the testsuite
-// environments do this; a worker built by hand calls it once.
+// RegisterSaga registers the activities that package saga records sagas with
+// ([saga.ActivityBegin], [saga.ActivityHold], [saga.ActivityCompensating] and
+// [saga.ActivityEnd]) on r. worker.NewPlugin and the testsuite environments do this; a
+// worker built by hand calls it once.
 func RegisterSaga(r Registry) {
 	r.RegisterActivityWithOptions(sagaBegin, tactivity.RegisterOptions{Name: saga.ActivityBegin})
+	r.RegisterActivityWithOptions(sagaHold, tactivity.RegisterOptions{Name: saga.ActivityHold})
+	r.RegisterActivityWithOptions(sagaCompensating, tactivity.RegisterOptions{Name: saga.ActivityCompensating})
 	r.RegisterActivityWithOptions(sagaEnd, tactivity.RegisterOptions{Name: saga.ActivityEnd})
 }
 
@@ -38,7 +42,8 @@ func sagaGuard(ctx context.Context, req saga.BeginRequest) (*guard, error) {
 }
 
 // claimSaga claims the saga's key with the run's token: a fresh key or the run's own
-// claim yields a lease, an ended saga its outcome, and another run in flight a wait.
+// claim yields a lease, an ended saga its outcome, and another run in flight a wait
+// (then a ledger.ErrInProgress).
 func claimSaga(ctx context.Context, g *guard, req saga.BeginRequest) (*ledger.Lease, saga.Recorded, error) {
 	var claim ledger.ClaimResult
 	err := g.waitLoop(ctx, func(wait time.Duration) (err error) {
@@ -50,38 +55,205 @@ func claimSaga(ctx context.Context, g *guard, req saga.BeginRequest) (*ledger.Le
 	case errors.As(err, &derr):
 		return nil, saga.Recorded{Ended: true, ErrType: derr.Code, ErrMessage: derr.Message}, nil
 	case err != nil:
-		return nil, saga.Recorded{}, toTemporal(err)
+		return nil, saga.Recorded{}, err
 	case claim.Lease == nil:
 		return nil, saga.Recorded{Ended: true, Result: claim.Result.Body}, nil
 	}
 	return claim.Lease, saga.Recorded{}, nil
 }
 
+// sagaBegin claims the key, or returns its outcome. As a local activity it does not
+// wait for another run in flight: it answers Held, and the workflow waits through the
+// activity.
 func sagaBegin(ctx context.Context, req saga.BeginRequest) (saga.Recorded, error) {
 	g, err := sagaGuard(ctx, req)
 	if err != nil {
 		return saga.Recorded{}, err
 	}
-	_, rec, err := claimSaga(ctx, g, req)
+	local := g.info.IsLocalActivity
+	if local {
+		g.wait = ledger.NoWait
+	}
+	lease, rec, err := claimSaga(ctx, g, req)
+	switch {
+	case local && errors.Is(err, ledger.ErrInProgress):
+		return saga.Recorded{Held: true}, nil
+	case err != nil:
+		return saga.Recorded{}, toTemporal(err)
+	case lease == nil:
+		return rec, nil
+	}
+	rec.Compensating, err = readCompensating(ctx, g, nil, req)
 	return rec, err
 }
 
-func sagaEnd(ctx context.Context, req saga.EndRequest) error {
+// sagaHold renews the run's lease and reports what the key holds.
+func sagaHold(ctx context.Context, req saga.BeginRequest) (saga.Recorded, error) {
+	g, err := sagaGuard(ctx, req)
+	if err != nil {
+		return saga.Recorded{}, err
+	}
+	if err := g.l.Extend(ctx, sagaLease(g, req), req.Lease); err != nil {
+		return notHeld(err)
+	}
+	var rec saga.Recorded
+	rec.Compensating, err = readCompensating(ctx, g, nil, req)
+	return rec, err
+}
+
+// sagaCompensating records that the saga is compensating, unless a run of it did first,
+// and returns the record in effect. The saga's row is locked meanwhile (by renewing its
+// lease in the same transaction), so that End cannot record a success beside it.
+func sagaCompensating(ctx context.Context, req saga.CompensatingRequest) (saga.Recorded, error) {
 	g, err := sagaGuard(ctx, req.BeginRequest)
+	if err != nil {
+		return saga.Recorded{}, err
+	}
+	body, err := json.Marshal(req.Compensating)
+	if err != nil {
+		return saga.Recorded{}, invalid(err)
+	}
+	var rec saga.Recorded
+	err = inTx(ctx, g.l, func(tx pgx.Tx) error {
+		if err := g.l.ExtendTx(ctx, tx, sagaLease(g, req.BeginRequest), req.Lease); err != nil {
+			rec, err = notHeld(err)
+			return err
+		}
+		if rec.Compensating, err = readCompensating(ctx, g, tx, req.BeginRequest); err != nil || rec.Compensating != nil {
+			return err
+		}
+		key, err := compensatingKey(req.BeginRequest)
+		if err != nil {
+			return err
+		}
+		claim, err := g.l.ClaimTx(ctx, tx, ledger.Intent{Scope: g.in.Scope, Key: key, Fingerprint: req.Fingerprint},
+			&ledger.ClaimOpts{Token: req.Token, Lease: req.Lease})
+		if err != nil {
+			return toTemporal(err)
+		}
+		if claim.Lease == nil { // recorded meanwhile, which the lock rules out; read it
+			rec.Compensating, err = decodeCompensating(claim.Result.Body)
+			return err
+		}
+		if _, err := g.l.CompleteTx(ctx, tx, claim.Lease, ledger.Response{Body: body}); err != nil {
+			return toTemporal(err)
+		}
+		c := req.Compensating
+		rec.Compensating = &c
+		return nil
+	})
+	return rec, err
+}
+
+// sagaEnd records the saga's outcome, and returns what the key holds: the outcome (this
+// one, or one recorded before), or, for a success, that a run of the saga began
+// compensating, in which case nothing is recorded and the saga must compensate.
+func sagaEnd(ctx context.Context, req saga.EndRequest) (saga.Recorded, error) {
+	g, err := sagaGuard(ctx, req.BeginRequest)
+	if err != nil {
+		return saga.Recorded{}, err
+	}
+	lease, rec, err := claimSaga(ctx, g, req.BeginRequest)
+	if err != nil {
+		return saga.Recorded{}, toTemporal(err)
+	}
+	if lease == nil {
+		return rec, nil // recorded already: by an earlier attempt of this End, or another run
+	}
+	out := req.Outcome
+	out.Ended, out.Held, out.Compensating = true, false, nil
+	err = inTx(ctx, g.l, func(tx pgx.Tx) error {
+		if err := g.l.ExtendTx(ctx, tx, lease, req.Lease); err != nil {
+			out, err = notHeld(err)
+			return err
+		}
+		if out.ErrType == "" {
+			c, err := readCompensating(ctx, g, tx, req.BeginRequest)
+			if err != nil || c != nil {
+				out = saga.Recorded{Compensating: c}
+				return err
+			}
+			_, err = g.l.CompleteTx(ctx, tx, lease, ledger.Response{Body: out.Result})
+			return toTemporal(err)
+		}
+		return toTemporal(g.l.FailTx(ctx, tx, lease, ledger.Definitive(out.ErrType, out.ErrMessage)))
+	})
+	return out, err
+}
+
+// sagaLease is the run's lease on the saga's key, as its token names it.
+func sagaLease(g *guard, req saga.BeginRequest) *ledger.Lease {
+	return &ledger.Lease{Intent: g.in, Token: req.Token}
+}
+
+// notHeld turns a lease the run no longer holds into what the key holds now: the
+// recorded outcome, or another run's claim.
+func notHeld(err error) (saga.Recorded, error) {
+	var lost *ledger.LeaseLostError
+	if !errors.As(err, &lost) {
+		return saga.Recorded{}, toTemporal(err)
+	}
+	cur := lost.Current
+	switch {
+	case cur == nil || cur.Expired || cur.State == ledger.StatePending:
+		return saga.Recorded{Held: true}, nil
+	case cur.State == ledger.StateFailed:
+		return saga.Recorded{Ended: true, ErrType: cur.ErrorCode, ErrMessage: cur.ErrorMessage}, nil
+	}
+	return saga.Recorded{Ended: true, Result: cur.Response.Body}, nil
+}
+
+func compensatingKey(req saga.BeginRequest) (keys.Key, error) {
+	k, err := keys.Derive(req.Key, saga.CompensatingPurpose)
+	if err != nil {
+		return "", invalid(err)
+	}
+	return k, nil
+}
+
+// readCompensating returns the record that the saga began compensating, or nil; through
+// tx when it is set.
+func readCompensating(ctx context.Context, g *guard, tx pgx.Tx, req saga.BeginRequest) (*saga.Compensating, error) {
+	key, err := compensatingKey(req)
+	if err != nil {
+		return nil, err
+	}
+	var r *ledger.Record
+	if tx != nil {
+		r, err = g.l.GetTx(ctx, tx, g.in.Scope, key)
+	} else {
+		r, err = g.l.Get(ctx, g.in.Scope, key)
+	}
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, toTemporal(err)
+	case r.State != ledger.StateCompleted:
+		return nil, nil
+	}
+	return decodeCompensating(r.Response.Body)
+}
+
+func decodeCompensating(body []byte) (*saga.Compensating, error) {
+	var c saga.Compensating
+	if err := json.Unmarshal(body, &c); err != nil {
+		return nil, invalid(fmt.Errorf("oncekit/activity: the saga's compensating record does not decode: %w", err))
+	}
+	return &c, nil
+}
+
+// inTx runs fn in a transaction on the ledger's pool and commits it when fn returns nil.
+func inTx(ctx context.Context, l *ledger.Ledger, fn func(tx pgx.Tx) error) error {
+	tx, err := l.Pool().Begin(ctx)
 	if err != nil {
 		return err
 	}
-	lease, _, err := claimSaga(ctx, g, req.BeginRequest)
-	if err != nil || lease == nil {
-		return err // nil when already recorded: an earlier attempt of this End committed
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := fn(tx); err != nil {
+		return err
 	}
-	out := req.Outcome
-	if out.ErrType != "" {
-		err = g.l.Fail(ctx, lease, ledger.Definitive(out.ErrType, out.ErrMessage))
-	} else {
-		_, err = g.l.Complete(ctx, lease, ledger.Response{Body: out.Result})
-	}
-	return toTemporal(err)
+	return tx.Commit(ctx)
 }
 
 // StepState is what the ledger holds for the saga step a compensation undoes.
@@ -141,9 +313,11 @@ type StepRecord struct {
 //		return nil // nothing to undo
 //	}
 //
-// The step's operation is its activity's registered name, as saga passes it; set
-// Opts.Operation when the step named its activity by function. Opts.Key, Strategy and
-// Wait do not apply.
+// The step's operation is the name its activity ran under, which package saga and
+// oncekit's worker interceptor pass along, whether the step named its activity by
+// registered name or by function. Set Opts.Operation when the step's activity records
+// under another operation (its own Opts.Operation). Opts.Key, Strategy and Wait do not
+// apply.
 func StepResult(ctx context.Context, out any, opts *Opts) (StepRecord, error) {
 	o := Opts{}
 	if opts != nil {
@@ -157,7 +331,8 @@ func StepResult(ctx context.Context, out any, opts *Opts) (StepRecord, error) {
 		o.Operation = step.Operation
 	}
 	if o.Operation == "" {
-		return StepRecord{}, invalid(errors.New("oncekit/activity: StepResult: the step named its activity by function: set Opts.Operation to the step's operation"))
+		return StepRecord{}, invalid(errors.New("oncekit/activity: StepResult: the compensation was not told its step's operation: " +
+			"run the workflow on a worker with oncekit's plugin (worker.NewPlugin), or set Opts.Operation to the operation the step records under"))
 	}
 	g, err := resolve(ctx, o)
 	if err != nil {

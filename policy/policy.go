@@ -27,6 +27,14 @@ const (
 	// ErrTypeCompensationFailed: a saga's step failed and at least one compensation
 	// failed too; an operator must look. Not retryable.
 	ErrTypeCompensationFailed = "oncekit.saga.CompensationFailed"
+	// ErrTypeContinueAsNewRefused: a saga's function returned workflow.NewContinueAsNewError.
+	// The saga compensates with this cause and ends compensated; continue as new after
+	// saga.Run returns instead. Not retryable.
+	ErrTypeContinueAsNewRefused = "oncekit.saga.ContinueAsNewRefused"
+	// ErrTypePluginMissing: the worker that runs the workflow cannot record sagas, because
+	// the activities of package saga are not registered on it: add oncekit's plugin
+	// (worker.NewPlugin) to the client's or the worker's Options.Plugins. Not retryable.
+	ErrTypePluginMissing = "oncekit.PluginMissing"
 	// ErrTypeWorkerCrashed: a crash injected by a test's fault plan (package testsuite).
 	// Retryable, as the loss of a worker is.
 	ErrTypeWorkerCrashed = "oncekit.testsuite.WorkerCrashed"

@@ -1,6 +1,7 @@
 // Package saga runs a sequence of activities in workflow code, each with a compensation
 // that undoes it, compensates exactly once when a later step fails, and remembers how the
-// saga ended.
+// saga ended, so that what its key says, what the workflow returns and what the steps did
+// to the money always agree.
 //
 // # Running a saga
 //
@@ -16,11 +17,8 @@
 // error when it compensated. Every later run with that key, in the same workflow or
 // another, runs no step and returns the recorded outcome: the same result, or an
 // ApplicationError of the same type and text. A run that finds the key held by a run in
-// flight waits for it and then returns its outcome; if the holder's lease
-// ([Opts].Lease, by default the workflow's execution timeout or [LeaseDefault]) runs
-// out first, the waiting run takes the saga over and its steps replay what the first run
-// did. The same key with another [Opts].Request is refused with
-// [policy.ErrTypeKeyReused].
+// flight waits for it and then returns its outcome. The same key with another
+// [Opts].Request is refused with [policy.ErrTypeKeyReused].
 //
 // A business key (keys.Business("transfer", id)) therefore holds across resets,
 // continue-as-new and new workflows; to run a compensated transfer again, give the new
@@ -29,10 +27,68 @@
 // run it was reset from, while each continue-as-new run and each retry of the whole
 // workflow starts a saga of its own.
 //
-// The outcome is claimed and recorded through the activities [ActivityBegin] and
-// [ActivityEnd] on the ledger (registered by the worker plugin and the testsuite environments,
-// or by activity.RegisterSaga), so workflow code stays free of pgx. They retry like
-// compensations, so an outage delays the record instead of losing it.
+// # A live saga keeps its key
+//
+// A run owns its saga's key under a lease ([Opts].Lease, by default the workflow's
+// execution timeout or [LeaseDefault]) and renews it while it runs: before each step and
+// each compensation, and every third of the lease in between, so a step or a compensation
+// that retries through an outage for hours keeps the key however short the lease. A
+// second run with the key waits for the first as long as the first renews it.
+//
+// A run is presumed dead once it has not renewed its lease for a whole lease: its
+// workflow was terminated or timed out, or no worker ran it for that long. The next run
+// with the key (a resubmission) then takes the saga over. It never runs the saga forward
+// over money that is partly given back: if the dead run had begun compensating (it
+// records that, with the cause and the steps registered, before its first compensation),
+// the taker replays the steps that run had finished, compensates every one, and records
+// the saga as compensated with the dead run's cause. Otherwise the taker runs the saga
+// function, whose steps replay what the dead run recorded, and the saga goes on from
+// there. A presumed-dead run that wakes up finds another run's claim at its next step or
+// compensation, runs nothing more, waits for that run and returns its outcome. Choose a
+// lease longer than any stretch in which no worker may run the workflow (a deployment, an
+// outage of the workers): a lease that runs out under a run that is only delayed hands
+// the saga to another run while a step of the first may still be in flight.
+//
+// # Resets
+//
+// A reset of a saga that has ended replays its recorded outcome; it never runs the saga
+// again. A run asks the key before each step and each compensation, through a local
+// activity whose answer is recorded in the same workflow task as the step's command, so
+// wherever a reset goes back to, the reset run asks before it schedules anything, finds
+// the outcome, runs no step nor compensation, and returns the outcome: the recorded
+// result when the saga completed, its error when it compensated, whatever the steps would
+// do now. The money stays as the first run left it, which is what the key says. (Code of
+// the saga function that is not a step, such as a plain activity between two steps, runs
+// again as any reset would run it.) To run a transfer again after a reset, start it with
+// a new key.
+//
+// A reset of a saga still running (the reset run resumes it, with the same token) goes on
+// from the reset point, its steps replaying what was recorded; if the run it was reset
+// from had begun compensating, the reset run compensates too.
+//
+// # Continue-as-new
+//
+// A saga function must not continue as new: the new run would find the saga recorded as
+// this run ends it. Run refuses a [workflow.ContinueAsNewError] from the function: it
+// compensates the steps registered so far, with a cause of type
+// [policy.ErrTypeContinueAsNewRefused], and the workflow ends compensated instead of
+// continuing. Continue as new after Run returns: with the same key, the new run replays
+// the outcome; with a new key, it runs a new saga.
+//
+// # Recording
+//
+// The saga is recorded through four activities on the ledger: [ActivityBegin],
+// [ActivityHold], [ActivityCompensating] and [ActivityEnd], registered by the worker
+// plugin and the testsuite environments (or by activity.RegisterSaga), so workflow code
+// stays free of pgx. All but End run as local activities, in the workflow's own tasks;
+// they retry like compensations, so an outage of the database delays the saga instead of
+// losing its record. A worker without them fails the workflow at once with
+// [policy.ErrTypePluginMissing], whose message names the plugin. A unit test on Temporal's
+// own test environment, with mocked activities, registers in-memory stand-ins with
+// testsuite.RegisterSagaInMemory.
+//
+// Run's commands are versioned (workflow.GetVersion): a workflow whose history was
+// written before runs held their keys replays as it was written.
 //
 // # Steps
 //
@@ -40,9 +96,10 @@
 // step whose outcome is unknown (it timed out, its worker was lost) is compensated too.
 // Every compensation must therefore tolerate "nothing to undo": it reads its step's
 // record with activity.StepResult (the step's result when it completed; not run, failed or
-// pending otherwise) and returns early when there is nothing to undo. A step whose context
-// carries no retry policy gets [StepOptionsDefault]'s bounded one, so a step that keeps
-// failing ends in compensation instead of retrying forever.
+// pending otherwise) and returns early when there is nothing to undo. A step may name its
+// activity by registered name or by function, as Temporal's samples do. A step whose
+// context carries no retry policy gets [StepOptionsDefault]'s bounded one, so a step that
+// keeps failing ends in compensation instead of retrying forever.
 //
 // # Keys
 //
@@ -63,6 +120,9 @@
 // of steps on purpose, because a step that gives up is compensated, while a compensation
 // that gives up leaves money or stock out of balance. Only a non-retryable error or the
 // deadline ends one, and the saga then ends with [policy.ErrTypeCompensationFailed].
+// Temporal's in-memory test environment stops "unlimited" attempts at 10, so there a
+// compensation that keeps failing ends the saga CompensationFailed within the test; the
+// error's message says so.
 //
 // The package is deterministic and imports neither pgx nor the ledger.
 package saga

@@ -20,19 +20,29 @@ import (
 	"github.com/oncekit/oncekit/worker"
 )
 
-const historyFile = "testdata/compensated_saga_history.json"
+// Histories recorded from a real server, in which a step failed and every compensation
+// ran: one written before runs held their saga's key (before Run's commands were
+// versioned), and one written since.
+const (
+	unheldHistoryFile = "testdata/compensated_saga_history.json"
+	historyFile       = "testdata/compensated_saga_history_held.json"
+)
 
-// The saga is deterministic: a history recorded from a real server, in which a step
-// failed and every compensation ran, replays without a nondeterminism error.
+// The saga is deterministic: each recorded history replays without a nondeterminism
+// error, the one written before the saga's commands changed included, so a workflow in
+// flight across an upgrade goes on as it began.
 func TestSaga_ReplaysRecordedHistory(t *testing.T) {
 	t.Parallel()
-	r := tworker.NewWorkflowReplayer()
-	r.RegisterWorkflowWithOptions(sagaWorkflow, workflow.RegisterOptions{Name: "saga"})
-	require.NoError(t, r.ReplayWorkflowHistoryFromJSONFile(devenv.QuietLogger(), historyFile))
+	for _, file := range []string{unheldHistoryFile, historyFile} {
+		r := tworker.NewWorkflowReplayer()
+		r.RegisterWorkflowWithOptions(sagaWorkflow, workflow.RegisterOptions{Name: "saga"})
+		require.NoError(t, r.ReplayWorkflowHistoryFromJSONFile(devenv.QuietLogger(), file), file)
+	}
 }
 
-// TestSaga_RecordHistory records the history replayed above on a real server. It runs
-// when ONCEKIT_RECORD_HISTORY=1, after a change to the saga's commands.
+// TestSaga_RecordHistory records the newer history replayed above on a real server. It
+// runs when ONCEKIT_RECORD_HISTORY=1, after a change to the saga's commands (which must
+// be versioned, so that the older histories still replay).
 func TestSaga_RecordHistory(t *testing.T) {
 	if os.Getenv("ONCEKIT_RECORD_HISTORY") != "1" {
 		t.Skip("set ONCEKIT_RECORD_HISTORY=1 to record " + historyFile)

@@ -1,9 +1,11 @@
 package saga
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -14,18 +16,31 @@ import (
 	"github.com/oncekit/oncekit/policy"
 )
 
-// Names of the activities that record a saga's outcome in the ledger. Workers register
-// them (oncekit's worker plugin and the testsuite environments do; see activity.RegisterSaga).
+// Names of the activities that record a saga in the ledger. Workers register them
+// (oncekit's worker plugin and the testsuite environments do; see activity.RegisterSaga).
 const (
-	// ActivityBegin claims the saga's key, or returns the outcome recorded under it.
+	// ActivityBegin claims the saga's key, or returns the outcome recorded under it. Run
+	// calls it first as a local activity, which answers at once; when another run holds
+	// the key, Run calls it again as an activity, which waits for that run.
 	ActivityBegin = "oncekit.saga.Begin"
+	// ActivityHold renews the run's claim on the saga's key and says what the key holds:
+	// still this run's, ended (with its outcome), taken over by another run, or
+	// compensating. A local activity, run before each step and each compensation, and
+	// every third of the lease while the saga runs.
+	ActivityHold = "oncekit.saga.Hold"
+	// ActivityCompensating records, before the first compensation runs, that the saga is
+	// compensating, why, and which steps it had registered. A local activity.
+	ActivityCompensating = "oncekit.saga.Compensating"
 	// ActivityEnd records the saga's outcome under its key.
 	ActivityEnd = "oncekit.saga.End"
 	// Operation is the operation saga keys are recorded under in the ledger.
 	Operation = "oncekit.saga"
+	// CompensatingPurpose derives, from the saga's key, the key under which
+	// [ActivityCompensating] records that the saga is compensating.
+	CompensatingPurpose = "compensating"
 )
 
-// BeginRequest is the input of [ActivityBegin].
+// BeginRequest is the input of [ActivityBegin] and [ActivityHold].
 type BeginRequest struct {
 	Key keys.Key `json:"key"`
 	// Token identifies the run that owns the key; the run's retried activities present
@@ -35,10 +50,11 @@ type BeginRequest struct {
 	Fingerprint keys.Fingerprint `json:"fingerprint"`
 }
 
-// Outcome of a saga as recorded under its key; the output of [ActivityBegin] and the
-// input of [ActivityEnd].
+// Recorded is what the saga's key holds: the output of the record activities, and the
+// outcome [ActivityEnd] records.
 type Recorded struct {
-	// Ended is true when the saga's outcome is recorded (Begin), or being recorded (End).
+	// Ended is true when the saga's outcome is recorded (Begin, Hold, End), or being
+	// recorded (the input of End).
 	Ended bool `json:"ended"`
 	// Result is the saga's result as JSON, when it completed.
 	Result json.RawMessage `json:"result,omitempty"`
@@ -46,6 +62,33 @@ type Recorded struct {
 	// the ApplicationError the saga ended with.
 	ErrType    string `json:"err_type,omitempty"`
 	ErrMessage string `json:"err_message,omitempty"`
+	// Held is true when another run holds the key (Begin as a local activity, Hold): this
+	// run waits for it with [ActivityBegin] and returns its outcome.
+	Held bool `json:"held,omitempty"`
+	// Compensating is set when the saga began compensating and has not ended (Begin,
+	// Hold, Compensating, End): every run of it then compensates.
+	Compensating *Compensating `json:"compensating,omitempty"`
+}
+
+// Compensating is what a saga records when it begins to compensate: why, and which
+// steps it had registered, in order. A run that takes the saga over, or a reset run,
+// finds it and compensates too, instead of running the saga forward over money that is
+// partly given back.
+type Compensating struct {
+	ErrType    string   `json:"err_type,omitempty"`
+	ErrMessage string   `json:"err_message"`
+	Steps      []string `json:"steps"`
+}
+
+// cause returns the recorded failure as an error.
+func (c *Compensating) cause() error {
+	return temporal.NewNonRetryableApplicationError(c.ErrMessage, c.ErrType, nil)
+}
+
+// CompensatingRequest is the input of [ActivityCompensating].
+type CompensatingRequest struct {
+	BeginRequest
+	Compensating Compensating `json:"compensating"`
 }
 
 // EndRequest is the input of [ActivityEnd].
@@ -61,13 +104,18 @@ type EndRequest struct {
 // already called [Saga.Compensate]) and returns the compensation's non-retryable
 // ApplicationError ([policy.ErrTypeCompensated] or [policy.ErrTypeCompensationFailed]). A run whose
 // key already carries an outcome runs nothing and returns that outcome: the same result,
-// or an ApplicationError of the same type and text. A run whose key is held by a run still
-// in flight waits for it (its Begin activity retries) and then returns its outcome; if
-// that run's lease ([Opts].Lease) runs out first, this run takes the saga over, and
-// its steps replay what the first run did.
+// or an ApplicationError of the same type and text. A run whose key is held by a run in
+// flight waits for it and then returns its outcome. While it runs, a run renews its claim
+// on the key, so no other run takes a live saga over; see the package documentation for
+// resets, continue-as-new and runs that die.
 //
-// Recording goes through the [ActivityBegin] and [ActivityEnd] activities on the ledger,
-// so workflow code stays free of pgx.
+// fn must not continue as new: a [workflow.ContinueAsNewError] from fn is refused, and
+// the saga compensates with a cause of type [policy.ErrTypeContinueAsNewRefused].
+//
+// Recording goes through the activities [ActivityBegin], [ActivityHold],
+// [ActivityCompensating] and [ActivityEnd] on the ledger, so workflow code stays free of
+// pgx. A worker that lacks them fails the workflow at once with
+// [policy.ErrTypePluginMissing].
 func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, s *Saga) (T, error)) (T, error) {
 	var zero T
 	s, err := newSaga(ctx, opts)
@@ -78,13 +126,124 @@ func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, 
 	if err := workflow.SetQueryHandler(ctx, QueryStatus, func() (Status, error) { return s.status, nil }); err != nil {
 		return zero, err
 	}
-	req, err := s.beginRequest(ctx)
+	if s.req, err = s.beginRequest(ctx); err != nil {
+		return zero, err
+	}
+	if workflow.GetVersion(ctx, versionChange, workflow.DefaultVersion, versionHeld) == workflow.DefaultVersion {
+		return runUnheld(ctx, s, fn)
+	}
+	s.held = true
+	begun, err := s.begin(ctx)
 	if err != nil {
 		return zero, err
 	}
+	if begun.Ended {
+		s.status.Phase = "ended"
+		return replay[T](begun)
+	}
+	s.marker = begun.Compensating
+	stop := s.keepHolding(ctx)
+	defer stop()
+	out, err := fn(ctx, s)
+	return finish(ctx, s, out, err)
+}
+
+// The version of Run's commands, for workflow.GetVersion. A history written before the
+// saga held its key (no marker) replays the commands it was written with.
+const (
+	versionChange = "oncekit.saga.held"
+	versionHeld   = 1
+)
+
+// continueAsNewRefused is the cause a saga compensates with when fn continued as new.
+const continueAsNewRefused = "oncekit/saga: the saga's function returned workflow.NewContinueAsNewError: " +
+	"continue-as-new inside saga.Run is refused, because the new run would find the saga recorded as it ends here. " +
+	"Return from the function and continue as new after saga.Run returns"
+
+// finish compensates when the saga failed (or an earlier run of it began compensating),
+// records the outcome, and returns what the key holds.
+func finish[T any](ctx workflow.Context, s *Saga, out T, err error) (T, error) {
+	var zero T
+	var can *workflow.ContinueAsNewError
+	if errors.As(err, &can) {
+		err = temporal.NewNonRetryableApplicationError(continueAsNewRefused, policy.ErrTypeContinueAsNewRefused, nil)
+	}
+	for range 3 { // compensate, record; End may answer that the saga is compensating, once
+		if s.ended != nil {
+			s.status.Phase, s.status.Compensating = "ended", nil
+			return replay[T](*s.ended)
+		}
+		var end Recorded
+		if err == nil && s.marker == nil {
+			body, merr := json.Marshal(out)
+			if merr != nil {
+				return zero, fmt.Errorf("oncekit/saga: encode the saga's result: %w", merr)
+			}
+			end = Recorded{Ended: true, Result: body}
+		} else {
+			cause := err
+			if cause == nil {
+				cause = s.marker.cause()
+			}
+			var cerr *CompensationError
+			errors.As(s.Compensate(ctx, cause), &cerr) // Compensate always returns one
+			if s.ended != nil {
+				continue
+			}
+			out, err = zero, cerr.ApplicationError()
+			end = Recorded{Ended: true, ErrType: cerr.errType(), ErrMessage: err.Error()}
+		}
+		s.status.Phase, s.status.Compensating = "ended", nil
+		var got Recorded
+		if rerr := s.record(ctx, end, &got); rerr != nil {
+			return zero, errors.Join(err, fmt.Errorf("oncekit/saga: record the outcome under %s: %w", s.key, rerr))
+		}
+		switch {
+		case got.Held:
+			// Another run took the key over as this one ended: wait for it, then record
+			// (or return what it recorded).
+			r, werr := s.wait(ctx)
+			if werr != nil {
+				return zero, errors.Join(err, fmt.Errorf("oncekit/saga: record the outcome under %s: %w", s.key, werr))
+			}
+			s.learn(r)
+			continue
+		case got.Compensating != nil && !got.Ended:
+			// A run of this saga (reset from this one, or one this run took it over from)
+			// began compensating: the saga compensates.
+			s.marker = got.Compensating
+			continue
+		case got.Ended && !sameOutcome(got, end):
+			s.ended = &got
+			continue
+		}
+		return out, err
+	}
+	return zero, temporal.NewNonRetryableApplicationError(
+		"oncekit/saga: the saga's key changed under this run more than once: look at the key "+string(s.key), policy.ErrTypeInvalid, nil)
+}
+
+// record runs [ActivityEnd], even when the workflow was cancelled meanwhile.
+func (s *Saga) record(ctx workflow.Context, end Recorded, got *Recorded) error {
+	dctx, _ := workflow.NewDisconnectedContext(ctx)
+	dctx = workflow.WithActivityOptions(dctx, recordOptions())
+	return workflow.ExecuteActivity(dctx, ActivityEnd, EndRequest{BeginRequest: s.req, Outcome: end}).Get(dctx, got)
+}
+
+// sameOutcome reports whether the key holds the outcome this run recorded.
+func sameOutcome(got, sent Recorded) bool {
+	if got.ErrType != sent.ErrType || got.ErrMessage != sent.ErrMessage {
+		return false
+	}
+	return got.ErrType != "" || bytes.Equal(got.Result, sent.Result)
+}
+
+// runUnheld is Run as it was before runs held their keys, for histories written then.
+func runUnheld[T any](ctx workflow.Context, s *Saga, fn func(ctx workflow.Context, s *Saga) (T, error)) (T, error) {
+	var zero T
 	var begun Recorded
 	bctx := workflow.WithActivityOptions(ctx, recordOptions())
-	if err := workflow.ExecuteActivity(bctx, ActivityBegin, req).Get(bctx, &begun); err != nil {
+	if err := workflow.ExecuteActivity(bctx, ActivityBegin, s.req).Get(bctx, &begun); err != nil {
 		return zero, err
 	}
 	if begun.Ended {
@@ -106,10 +265,9 @@ func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, 
 		end = Recorded{Ended: true, ErrType: cerr.errType(), ErrMessage: err.Error()}
 	}
 	s.status.Phase, s.status.Compensating = "ended", nil
-	// Record the outcome even when the workflow was cancelled meanwhile.
 	dctx, _ := workflow.NewDisconnectedContext(ctx)
 	dctx = workflow.WithActivityOptions(dctx, recordOptions())
-	if rerr := workflow.ExecuteActivity(dctx, ActivityEnd, EndRequest{BeginRequest: req, Outcome: end}).Get(dctx, nil); rerr != nil {
+	if rerr := workflow.ExecuteActivity(dctx, ActivityEnd, EndRequest{BeginRequest: s.req, Outcome: end}).Get(dctx, nil); rerr != nil {
 		return zero, errors.Join(err, fmt.Errorf("oncekit/saga: record the outcome under %s: %w", s.key, rerr))
 	}
 	return out, err
@@ -126,14 +284,103 @@ func (s *Saga) beginRequest(ctx workflow.Context) (BeginRequest, error) {
 	return BeginRequest{Key: s.key, Token: token, Lease: s.opts.Lease, Fingerprint: fp}, nil
 }
 
-// recordOptions are the options of the Begin and End activities: short attempts (a lost
-// worker's attempt is retried within seconds), retried like compensations, so they wait
-// for a run in flight and outlive an outage.
+// begin claims the key: at once through the local activity, which also proves the
+// worker can record sagas, then, if another run holds the key, by waiting for it.
+func (s *Saga) begin(ctx workflow.Context) (Recorded, error) {
+	var r Recorded
+	if err := workflow.ExecuteLocalActivity(localOptions(ctx), ActivityBegin, s.req).Get(ctx, &r); err != nil {
+		if strings.Contains(err.Error(), "is not registered by the worker") {
+			return r, pluginMissing()
+		}
+		return r, err
+	}
+	if r.Held {
+		return s.wait(ctx)
+	}
+	return r, nil
+}
+
+// wait waits, through the Begin activity, for the run that holds the key: it returns
+// that run's outcome, or this run's claim when that run's lease ran out.
+func (s *Saga) wait(ctx workflow.Context) (Recorded, error) {
+	var r Recorded
+	bctx := workflow.WithActivityOptions(ctx, recordOptions())
+	err := workflow.ExecuteActivity(bctx, ActivityBegin, s.req).Get(bctx, &r)
+	return r, err
+}
+
+func pluginMissing() error {
+	return temporal.NewNonRetryableApplicationError("oncekit/saga: this worker cannot record sagas: "+ActivityBegin+
+		" is not registered on it. Add oncekit's plugin to the client (client.Options{Plugins: ...} with worker.NewPlugin), "+
+		"or call activity.RegisterSaga and use worker.Interceptor on a worker built by hand; in a test on Temporal's own "+
+		"environment, call testsuite.RegisterSagaInMemory(env)", policy.ErrTypePluginMissing, nil)
+}
+
+// hold renews the run's claim and learns what the key holds: an outcome (s.ended), a
+// compensation begun (s.marker), or another run's claim, which it waits for.
+func (s *Saga) hold(ctx workflow.Context) error {
+	var r Recorded
+	if err := workflow.ExecuteLocalActivity(localOptions(ctx), ActivityHold, s.req).Get(ctx, &r); err != nil {
+		return err
+	}
+	if r.Held {
+		// Another run took the saga over while this one was silent for a lease: wait for
+		// it, and end as it does (or, if it died too, take the saga back).
+		var err error
+		if r, err = s.wait(ctx); err != nil {
+			return err
+		}
+	}
+	s.learn(r)
+	return nil
+}
+
+// learn notes what the key holds.
+func (s *Saga) learn(r Recorded) {
+	switch {
+	case r.Ended:
+		s.ended = &r
+	case r.Compensating != nil && s.marker == nil:
+		s.marker = r.Compensating
+	}
+}
+
+// keepHolding renews the run's claim every third of the lease (at most once per
+// holdEveryMin) until stop is called, so that a saga whose step or compensation retries
+// through a long outage keeps its key. What a renewal finds is acted on at the next step
+// or compensation, which asks again.
+func (s *Saga) keepHolding(ctx workflow.Context) (stop func()) {
+	dctx, _ := workflow.NewDisconnectedContext(ctx)
+	hctx, cancel := workflow.WithCancel(dctx)
+	every := max(s.opts.Lease/3, holdEveryMin)
+	workflow.GoNamed(hctx, "oncekit.saga.hold", func(ctx workflow.Context) {
+		for workflow.Sleep(ctx, every) == nil {
+			_ = workflow.ExecuteLocalActivity(localOptions(ctx), ActivityHold, s.req).Get(ctx, nil)
+		}
+	})
+	return cancel
+}
+
+// holdEveryMin bounds how often a run renews its lease in the background, whatever the
+// lease: a lease of a second or less can lapse between two renewals.
+const holdEveryMin = time.Second
+
+// recordOptions are the options of the Begin (when it waits) and End activities: short
+// attempts (a lost worker's attempt is retried within seconds), retried like
+// compensations, so they wait for a run in flight and outlive an outage.
 func recordOptions() workflow.ActivityOptions {
 	return policy.CompensationOptions(recordAttemptTimeout)
 }
 
-// recordAttemptTimeout bounds one attempt of the Begin and End activities.
+// localOptions are the options of the record activities run as local activities.
+func localOptions(ctx workflow.Context) workflow.Context {
+	return workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
+		StartToCloseTimeout: recordAttemptTimeout, ScheduleToCloseTimeout: policy.CompensationDeadlineDefault,
+		RetryPolicy: policy.CompensationRetryPolicy(),
+	})
+}
+
+// recordAttemptTimeout bounds one attempt of a record activity.
 const recordAttemptTimeout = 10 * time.Second
 
 // replay returns a recorded outcome as Run returns a fresh one.

@@ -84,6 +84,10 @@ func (r Report) Problem() error {
 		return fmt.Errorf("at %s: the retry after the crash failed: %w", r.Point, r.Err)
 	case len(slices.Compact(slices.Clone(r.Keys))) > 1:
 		return fmt.Errorf("at %s: the retry called the provider with another idempotency key (%q): send activity.Call.DownstreamKey", r.Point, r.Keys)
+	case r.Effects > 1 && (r.Point == AfterCall || r.Point == LostAnswer):
+		return fmt.Errorf("at %s: the effect happened %d times across the crash and the retry, want exactly 1: the retry "+
+			"called the provider again and it acted again. Inside activity.External, send the provider call.DownstreamKey as "+
+			"its idempotency key (the same on every attempt), not a key of your own", r.Point, r.Effects)
 	case r.Effects != 1:
 		return fmt.Errorf("at %s: the effect happened %d times across the crash and the retry, want exactly 1", r.Point, r.Effects)
 	case r.Point == BeforeEffect || r.Point == BeforeCommit:

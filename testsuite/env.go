@@ -44,6 +44,12 @@ type EnvConfig struct {
 // every activity's context, keys carried to activities, the activities of package saga)
 // plus the tenant propagator and the fault plan. Register your workflows and activities
 // on it as on any Temporal environment.
+//
+// Temporal's in-memory environment retries an activity whose retry policy has no attempt
+// limit 10 times at most (a real server retries until the activity's deadline). A saga
+// compensation that keeps failing, as during a simulated outage, therefore ends the saga
+// CompensationFailed within the test, not after the compensations' 24-hour deadline, and
+// the saga's error says so. Make a simulated outage shorter than 10 attempts.
 func NewWorkflowEnvironment(opts *EnvConfig) *ttestsuite.TestWorkflowEnvironment {
 	o := EnvConfig{}
 	if opts != nil {

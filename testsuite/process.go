@@ -113,6 +113,27 @@ func (p *WorkerProcess) WaitFor(t testing.TB, mark string, timeout time.Duration
 	}
 }
 
+// WaitForAll waits until the process has printed every one of marks with [Mark], in any
+// order, and fails the test after timeout or if the process exits first.
+func (p *WorkerProcess) WaitForAll(t testing.TB, marks []string, timeout time.Duration) {
+	t.Helper()
+	want := map[string]bool{}
+	for _, m := range marks {
+		want[m] = true
+	}
+	deadline := time.After(timeout)
+	for len(want) > 0 {
+		select {
+		case m := <-p.marks:
+			delete(want, m)
+		case <-p.exited:
+			t.Fatalf("oncekit/testsuite: worker process exited before printing %d of its marks", len(want))
+		case <-deadline:
+			t.Fatalf("oncekit/testsuite: worker process did not print %d of its marks within %s", len(want), timeout)
+		}
+	}
+}
+
 // Kill sends SIGKILL, as an out-of-memory killer or a lost machine would, and waits for
 // the process to be gone. It reports whether the process was still running.
 func (p *WorkerProcess) Kill() bool {

@@ -117,7 +117,8 @@ type workflowInbound struct {
 }
 
 func (w *workflowInbound) Init(outbound interceptor.WorkflowOutboundInterceptor) error {
-	return w.Next.Init(&workflowOutbound{WorkflowOutboundInterceptorBase: interceptor.WorkflowOutboundInterceptorBase{Next: outbound}})
+	return w.Next.Init(&workflowOutbound{WorkflowOutboundInterceptorBase: interceptor.WorkflowOutboundInterceptorBase{Next: outbound},
+		stepOps: map[keys.Key]string{}})
 }
 
 func (w *workflowInbound) ExecuteWorkflow(ctx workflow.Context, in *interceptor.ExecuteWorkflowInput) (any, error) {
@@ -134,6 +135,11 @@ func (w *workflowInbound) ExecuteWorkflow(ctx workflow.Context, in *interceptor.
 
 type workflowOutbound struct {
 	interceptor.WorkflowOutboundInterceptorBase
+	// stepOps maps the key of each activity run with a key (a saga's step) to the name it
+	// ran under, so that the compensation that undoes it names the step's operation even
+	// when the step named its activity by function. One workflow execution owns it, and
+	// replaying the workflow rebuilds it in the same order.
+	stepOps map[keys.Key]string
 }
 
 func inject(ctx workflow.Context) {
@@ -145,6 +151,14 @@ func inject(ctx workflow.Context) {
 }
 
 func (w *workflowOutbound) ExecuteActivity(ctx workflow.Context, activityType string, args ...any) workflow.Future {
+	if step, ok := keys.StepFrom(ctx); ok {
+		if op, ran := w.stepOps[step.Key]; ran && op != step.Operation {
+			step.Operation = op
+			ctx = workflow.WithValue(ctx, keys.StepContextKey, step)
+		}
+	} else if k, ok := keys.KeyFrom(ctx); ok {
+		w.stepOps[k] = activityType
+	}
 	inject(ctx)
 	return w.Next.ExecuteActivity(ctx, activityType, args...)
 }

@@ -31,6 +31,9 @@ var rules = map[string][]string{
 	"devenv":                {mod + "testsuite", mod + "samples", mod + "ledger"},
 	"samples/payment":       {mod + "samples/transfer", mod + "testsuite"},
 	"samples/transfer":      {mod + "samples/payment", mod + "testsuite"},
+
+	"samples/transfer/worker": {mod + "samples/payment", mod + "testsuite"},
+	"samples/transfer/start":  {mod + "samples/payment", mod + "testsuite"},
 }
 
 func TestDependencyRules(t *testing.T) {

@@ -1,0 +1,139 @@
+package testsuite
+
+import (
+	"context"
+	"sync"
+
+	tactivity "go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/oncekit/oncekit/activity"
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/policy"
+	"github.com/oncekit/oncekit/saga"
+)
+
+// RegisterSagaInMemory registers on r stand-ins for the activities package saga records
+// sagas with, which keep the records in memory, for as long as r lives. It is the one
+// line that makes a unit test on Temporal's own test environment, with mocked activities,
+// run the saga's steps:
+//
+//	env := s.NewTestWorkflowEnvironment()
+//	testsuite.RegisterSagaInMemory(env)
+//	env.OnActivity(Withdraw, mock.Anything, details).Return(nil)
+//
+// Without it such a workflow fails at once with [policy.ErrTypePluginMissing], before any
+// mock is called, and a test that only asserts an error passes without testing anything:
+// assert the mocks were called (env.AssertExpectations). The records behave as the
+// ledger's do for one worker: a second workflow with the same saga key replays the
+// first one's outcome; leases never run out. [NewWorkflowEnvironment] wires the real
+// records on a ledger instead.
+func RegisterSagaInMemory(r activity.Registry) {
+	m := &sagaRecords{recs: map[keys.Key]*sagaRecord{}}
+	r.RegisterActivityWithOptions(m.begin, tactivity.RegisterOptions{Name: saga.ActivityBegin})
+	r.RegisterActivityWithOptions(m.hold, tactivity.RegisterOptions{Name: saga.ActivityHold})
+	r.RegisterActivityWithOptions(m.compensating, tactivity.RegisterOptions{Name: saga.ActivityCompensating})
+	r.RegisterActivityWithOptions(m.end, tactivity.RegisterOptions{Name: saga.ActivityEnd})
+}
+
+// sagaRecords are saga records in memory.
+type sagaRecords struct {
+	mu   sync.Mutex
+	recs map[keys.Key]*sagaRecord
+}
+
+type sagaRecord struct {
+	req   saga.BeginRequest
+	ended *saga.Recorded
+	comp  *saga.Compensating
+}
+
+// lookup returns the key's record, creating it for req when there is none; owned
+// reports whether req's run holds it. The caller holds m.mu.
+func (m *sagaRecords) lookup(req saga.BeginRequest) (rec *sagaRecord, owned bool, err error) {
+	rec, ok := m.recs[req.Key]
+	if !ok {
+		rec = &sagaRecord{req: req}
+		m.recs[req.Key] = rec
+	}
+	if rec.req.Fingerprint != req.Fingerprint {
+		return nil, false, temporal.NewNonRetryableApplicationError("oncekit/testsuite: the saga's key "+string(req.Key)+
+			" was used before for another request", policy.ErrTypeKeyReused, nil)
+	}
+	return rec, rec.req.Token == req.Token, nil
+}
+
+// inProgress is the answer to a run that must wait for the run holding the key.
+func inProgress(ctx context.Context, req saga.BeginRequest) (saga.Recorded, error) {
+	if tactivity.GetInfo(ctx).IsLocalActivity {
+		return saga.Recorded{Held: true}, nil
+	}
+	return saga.Recorded{}, temporal.NewApplicationError("oncekit/testsuite: another run holds the saga's key "+string(req.Key), policy.ErrTypeInProgress)
+}
+
+func (m *sagaRecords) begin(ctx context.Context, req saga.BeginRequest) (saga.Recorded, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, owned, err := m.lookup(req)
+	switch {
+	case err != nil:
+		return saga.Recorded{}, err
+	case rec.ended != nil:
+		return *rec.ended, nil
+	case !owned:
+		return inProgress(ctx, req)
+	}
+	return saga.Recorded{Compensating: rec.comp}, nil
+}
+
+func (m *sagaRecords) hold(_ context.Context, req saga.BeginRequest) (saga.Recorded, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, owned, err := m.lookup(req)
+	switch {
+	case err != nil:
+		return saga.Recorded{}, err
+	case rec.ended != nil:
+		return *rec.ended, nil
+	case !owned:
+		return saga.Recorded{Held: true}, nil
+	}
+	return saga.Recorded{Compensating: rec.comp}, nil
+}
+
+func (m *sagaRecords) compensating(_ context.Context, req saga.CompensatingRequest) (saga.Recorded, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, owned, err := m.lookup(req.BeginRequest)
+	switch {
+	case err != nil:
+		return saga.Recorded{}, err
+	case rec.ended != nil:
+		return *rec.ended, nil
+	case !owned:
+		return saga.Recorded{Held: true}, nil
+	case rec.comp == nil:
+		c := req.Compensating
+		rec.comp = &c
+	}
+	return saga.Recorded{Compensating: rec.comp}, nil
+}
+
+func (m *sagaRecords) end(ctx context.Context, req saga.EndRequest) (saga.Recorded, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec, owned, err := m.lookup(req.BeginRequest)
+	switch {
+	case err != nil:
+		return saga.Recorded{}, err
+	case rec.ended != nil:
+		return *rec.ended, nil
+	case !owned:
+		return inProgress(ctx, req.BeginRequest)
+	case req.Outcome.ErrType == "" && rec.comp != nil:
+		return saga.Recorded{Compensating: rec.comp}, nil
+	}
+	out := saga.Recorded{Ended: true, Result: req.Outcome.Result, ErrType: req.Outcome.ErrType, ErrMessage: req.Outcome.ErrMessage}
+	rec.ended = &out
+	return out, nil
+}
