@@ -64,7 +64,10 @@ type Outbox struct {
 	tel     *telemetry
 }
 
-// New returns the outbox on pool.
+// New returns the outbox on pool. Enqueue runs in the caller's transactions, and
+// dispatchers take their connections from pool; each running [Dispatcher] also holds one
+// connection of its own for LISTEN, outside pool's MaxConns, so a server's
+// max_connections must allow for pool's MaxConns plus one per dispatcher.
 func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 	if pool == nil {
 		return nil, errors.New("oncekit/outbox: New needs a pool")

@@ -70,7 +70,7 @@ func newTelemetry(c *Config, o *Outbox) (*telemetry, error) {
 }
 
 // publication instruments one publication.
-func (t *telemetry) publication(ctx context.Context, e Event, publish func(ctx context.Context) error) error {
+func (t *telemetry) publication(ctx context.Context, e claimed, publish func(ctx context.Context) error) error {
 	var span trace.Span
 	if t.tracer != nil {
 		ctx, span = t.tracer.Start(ctx, "oncekit.outbox.publish", trace.WithSpanKind(trace.SpanKindProducer),
