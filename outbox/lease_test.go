@@ -135,6 +135,59 @@ func TestDispatcher_HeldBackEventsAreReleasedWithTheFailure(t *testing.T) {
 	require.Equal(t, []uuid.UUID{k2, k3}, order, "each once, in order")
 }
 
+// Two ordered dispatchers: k1 goes dead, k2 is being published by the second one, and
+// k1 is retried. The first dispatcher does not publish k1 before k2 finishes: a retried
+// event is enqueued anew, after the events of its key in flight.
+func TestDispatcher_RetriedDeadEventWaitsForItsKeyInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	k1, k2 := b.produce(t, "k", 1), b.produce(t, "k", 2)
+	var f flight
+	var failed atomic.Bool
+	k2Started, releaseK2 := make(chan struct{}), make(chan struct{})
+	pub := f.wrap(func(ctx context.Context, e outbox.Event) error {
+		switch e.ID {
+		case k1:
+			if failed.CompareAndSwap(false, true) {
+				return fmt.Errorf("refused: %w", outbox.ErrPermanent)
+			}
+		case k2:
+			close(k2Started)
+			select {
+			case <-releaseK2:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	cfg := &outbox.DispatcherConfig{Ordered: true, BatchSize: 1, PublishTimeout: time.Minute}
+	first, second := b.dispatcher(t, pub, cfg), b.dispatcher(t, pub, cfg)
+	_, err := first.DispatchOnce(ctx)
+	require.NoError(t, err)
+	dead, err := b.out.Dead(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+
+	secondDone := make(chan error, 1)
+	go func() {
+		_, err := second.DispatchOnce(ctx)
+		secondDone <- err
+	}()
+	<-k2Started
+	ok, err := b.out.Retry(ctx, k1)
+	require.NoError(t, err)
+	require.True(t, ok)
+	n, err := first.DispatchOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "k1 waits while k2 is in flight")
+	close(releaseK2)
+	require.NoError(t, <-secondDone)
+	b.drain(t, first)
+	require.Equal(t, []uuid.UUID{k2, k1}, f.check(t))
+}
+
 // A dispatcher whose pool is starved past its lease comes back to find its events
 // claimed by another dispatcher: its renewal and its outcomes touch none of them, it
 // publishes none of them, and it drops the rest of its batch with ErrLeaseLost.

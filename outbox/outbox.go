@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -203,6 +204,8 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uui
 }
 
 // keyLock is the transaction-scoped lock of an ordering key, $1 the schema and key.
+// Enqueue and Retry take it, so that a key's outbox order (seq) is the order in which
+// its producers committed.
 const keyLock = "SELECT pg_advisory_xact_lock(hashtextextended('oncekit.outbox.key.' || $1::text, 0))"
 
 // checkEvent checks an event's limits.
@@ -249,14 +252,40 @@ func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
 
 // Retry returns a dead event to the pending state with its attempts reset, so
 // dispatchers publish it again. It reports whether the event was dead.
+//
+// The event is enqueued anew: it takes its place at the end of the outbox order, after
+// every event enqueued before the retry, and so, under DispatcherConfig.Ordered, it is
+// published after the events of its key that overtook it while it was dead and after
+// those in flight, never alongside them. Like Enqueue, it takes its ordering key's lock,
+// so it waits for a producer of the key whose transaction is open.
 func (o *Outbox) Retry(ctx context.Context, id uuid.UUID) (bool, error) {
-	tag, err := o.pool.Exec(ctx, `UPDATE `+o.t+` SET state = 'pending', attempts = 0, available_at = now(), last_error = NULL
-		WHERE id = $1 AND state = 'dead'`, id)
+	retried := false
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		var key *string
+		err := tx.QueryRow(ctx, `SELECT ordering_key FROM `+o.t+` WHERE id = $1 AND state = 'dead'`, id).Scan(&key)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		if key != nil {
+			b.Queue(keyLock, o.schema+"."+*key)
+		}
+		// seq = DEFAULT: a new place in the outbox order, under the key's lock.
+		b.Queue(`UPDATE `+o.t+` SET state = 'pending', attempts = 0, available_at = now(), last_error = NULL, seq = DEFAULT
+			WHERE id = $1 AND state = 'dead'`, id).Exec(func(tag pgconn.CommandTag) error {
+			retried = tag.RowsAffected() == 1
+			return nil
+		})
+		b.Queue(`SELECT pg_notify($1, '')`, o.channel)
+		return tx.SendBatch(ctx, b).Close()
+	})
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("oncekit/outbox: retry %s: %w", id, err)
 	}
-	_, _ = o.pool.Exec(ctx, `SELECT pg_notify($1, '')`, o.channel)
-	return tag.RowsAffected() == 1, nil
+	return retried, nil
 }
 
 // Stats counts events by state.
