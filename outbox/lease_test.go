@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -338,6 +340,58 @@ func TestDispatcher_PublicationStartsWithLeaseToSpare(t *testing.T) {
 	for i, l := range left {
 		require.GreaterOrEqual(t, l, publishTimeout+lease/8, "publication %d started with %s of its lease left", i, l)
 	}
+}
+
+// Two producers enqueue the same ordering keys in opposite order across separate
+// Enqueue calls and wait for each other: PostgreSQL aborts one, and Enqueue says so with
+// a typed, retryable error; the other commits.
+func TestEnqueue_OppositeKeyOrderDeadlockIsTyped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	enqueue := func(tx pgx.Tx, key string) error {
+		_, err := b.out.Enqueue(ctx, tx, outbox.Event{Topic: "t", OrderingKey: key, Payload: []byte(`{}`)})
+		return err
+	}
+	tx1, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx1.Rollback(ctx)
+	tx2, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx2.Rollback(ctx)
+	require.NoError(t, enqueue(tx1, "a"))
+	require.NoError(t, enqueue(tx2, "b"))
+	errs := []chan error{make(chan error, 1), make(chan error, 1)}
+	go func() { errs[0] <- enqueue(tx1, "b") }()
+	go func() { errs[1] <- enqueue(tx2, "a") }()
+	// The first to answer is the one PostgreSQL aborted; its rollback lets the other go on.
+	var other pgx.Tx
+	var err1 error
+	select {
+	case err1 = <-errs[0]:
+		require.Error(t, err1)
+		require.NoError(t, tx1.Rollback(ctx))
+		require.NoError(t, <-errs[1])
+		other = tx2
+	case err1 = <-errs[1]:
+		require.Error(t, err1)
+		require.NoError(t, tx2.Rollback(ctx))
+		require.NoError(t, <-errs[0])
+		other = tx1
+	case <-time.After(30 * time.Second):
+		t.Fatal("no deadlock reported")
+	}
+	require.ErrorIs(t, err1, outbox.ErrOrderingKeyDeadlock)
+	var de *outbox.OrderingKeyDeadlockError
+	require.ErrorAs(t, err1, &de)
+	require.Equal(t, "40P01", de.SQLState())
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err1, &pgErr, "the PostgreSQL error is in the chain, for retry loops that look for it")
+	require.Contains(t, err1.Error(), "run it again")
+	require.NoError(t, other.Commit(ctx))
+	st, err := b.out.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, st.Pending, "the other producer's two events")
 }
 
 // An ordered claim takes no event behind an earlier event of its key that another

@@ -120,7 +120,38 @@ var (
 	// ErrDuplicateEvent: an event ID is already in the outbox. Roll the transaction back
 	// (the events enqueued before it in the same call are in it) or enqueue a new ID.
 	ErrDuplicateEvent = errors.New("oncekit/outbox: an event with this ID is already in the outbox")
+	// ErrOrderingKeyDeadlock: two transactions waited for each other's ordering keys
+	// (see [Outbox.Enqueue]), and PostgreSQL ended this one. [*OrderingKeyDeadlockError]
+	// matches it.
+	ErrOrderingKeyDeadlock = errors.New("oncekit/outbox: deadlock on ordering keys")
 )
+
+// OrderingKeyDeadlockError reports that this transaction and another waited for each
+// other's ordering-key locks, as two producers that enqueue the same keys in opposite
+// order across separate Enqueue calls do; PostgreSQL broke the deadlock by aborting this
+// transaction. It is retryable: roll the transaction back and run it again. Its
+// SQLState is 40P01 (deadlock_detected), so retry loops that retry deadlocks retry it,
+// and it unwraps to the *pgconn.PgError.
+type OrderingKeyDeadlockError struct {
+	Err error
+}
+
+func (e *OrderingKeyDeadlockError) Error() string {
+	return "oncekit/outbox: this transaction and another waited for each other's ordering keys and PostgreSQL aborted this one (deadlock_detected): " +
+		"roll it back and run it again; to avoid it, enqueue a transaction's ordered events in one Enqueue call, or take its keys in the same order in every transaction"
+}
+
+// Is matches [ErrOrderingKeyDeadlock].
+func (e *OrderingKeyDeadlockError) Is(target error) bool { return target == ErrOrderingKeyDeadlock }
+
+// Unwrap returns the PostgreSQL error.
+func (e *OrderingKeyDeadlockError) Unwrap() error { return e.Err }
+
+// SQLState returns "40P01" (deadlock_detected).
+func (e *OrderingKeyDeadlockError) SQLState() string { return deadlockDetected }
+
+// deadlockDetected is PostgreSQL's SQLSTATE for a deadlock it broke.
+const deadlockDetected = "40P01"
 
 // Enqueue adds events in tx: they exist, and dispatchers wake for them, only if tx
 // commits. It returns the events' IDs, generating the missing ones. Events are checked
@@ -129,7 +160,11 @@ var (
 //
 // An event with an ordering key takes a lock on the key until tx ends: another
 // transaction enqueueing for the same key waits for it, so a key's events are in the
-// outbox in the order their transactions committed.
+// outbox in the order their transactions committed. One call locks its keys in sorted
+// order, but two transactions that enqueue the same keys in opposite order across
+// separate calls can wait for each other: PostgreSQL then aborts one of them, and
+// Enqueue returns an [*OrderingKeyDeadlockError] (retryable: roll back and run the
+// transaction again).
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.UUID, error) {
 	if tx == nil {
 		return nil, errors.New("oncekit/outbox: Enqueue needs the business transaction")
@@ -147,7 +182,8 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uui
 	}
 	// Producers of one ordering key take turns from their Enqueue to their commit, so
 	// that a key's events get their outbox order in commit order. Keys are locked in
-	// sorted order, so that two producers never wait for each other.
+	// sorted order, so that two producers that each enqueue their keys in one call never
+	// wait for each other; across calls, the order is the caller's (see keyLock).
 	slices.Sort(orderingKeys)
 	for _, k := range orderingKeys {
 		b.Queue(keyLock, o.schema+"."+k)
@@ -180,6 +216,10 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uui
 	for range skip {
 		if _, e := br.Exec(); e != nil {
 			err = fmt.Errorf("oncekit/outbox: enqueue: %w", e)
+			var pgErr *pgconn.PgError
+			if errors.As(e, &pgErr) && pgErr.Code == deadlockDetected {
+				err = &OrderingKeyDeadlockError{Err: e}
+			}
 			break
 		}
 	}
@@ -206,6 +246,15 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uui
 // keyLock is the transaction-scoped lock of an ordering key, $1 the schema and key.
 // Enqueue and Retry take it, so that a key's outbox order (seq) is the order in which
 // its producers committed.
+//
+// It can deadlock. One Enqueue call takes its keys in sorted order, but a transaction
+// that calls Enqueue twice takes the first call's keys before the second's: if one
+// transaction enqueues for key a and then b, and another for b and then a, each can hold
+// one key and wait for the other. PostgreSQL detects the cycle after deadlock_timeout
+// (1 s by default) and aborts one transaction with SQLSTATE 40P01, which Enqueue returns
+// as an *OrderingKeyDeadlockError: the aborted transaction rolls back and can run
+// again, and the other goes on. Producers that enqueue all of a transaction's ordered
+// events in one call, or always in the same key order, never meet it.
 const keyLock = "SELECT pg_advisory_xact_lock(hashtextextended('oncekit.outbox.key.' || $1::text, 0))"
 
 // checkEvent checks an event's limits.
