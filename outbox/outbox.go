@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
@@ -47,11 +48,19 @@ type Config struct {
 	// ledger.SchemaDefault.
 	Schema string
 	// MeterProvider receives the outbox's metrics: publications, failures, dead events,
-	// publication durations, and the backlog (read from the table at each collection).
-	// Defaults to none.
+	// publication durations, and the backlog (counted at each collection from the
+	// indexes of pending and dead events, without reading published ones). Defaults to
+	// none.
 	MeterProvider metric.MeterProvider
-	// TracerProvider receives a span per publication. Defaults to none.
+	// TracerProvider receives a span per Enqueue call (oncekit.outbox.enqueue) and per
+	// publication (oncekit.outbox.publish, linked to the enqueue that created the
+	// event), with the OpenTelemetry messaging attributes. Defaults to none.
 	TracerProvider trace.TracerProvider
+	// Propagator writes the producer's trace context into each event at Enqueue, and
+	// reads it back when the event is published, so that the publication's span links to
+	// the trace that created the event. Defaults to propagation.TraceContext{} (W3C
+	// traceparent and tracestate).
+	Propagator propagation.TextMapPropagator
 	// Logger receives a line per dead event and per purge. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -165,11 +174,14 @@ const deadlockDetected = "40P01"
 // separate calls can wait for each other: PostgreSQL then aborts one of them, and
 // Enqueue returns an [*OrderingKeyDeadlockError] (retryable: roll back and run the
 // transaction again).
-func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.UUID, error) {
+//
+// Each event keeps the trace context of ctx (through Config.Propagator), and, with a
+// TracerProvider, the call has a span of its own whose context is the one kept.
+func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) (ids []uuid.UUID, err error) {
 	if tx == nil {
 		return nil, errors.New("oncekit/outbox: Enqueue needs the business transaction")
 	}
-	ids := make([]uuid.UUID, len(events))
+	ids = make([]uuid.UUID, len(events))
 	b := &pgx.Batch{}
 	var orderingKeys []string
 	for i, e := range events {
@@ -190,14 +202,18 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uui
 	}
 	skip := b.Len()
 	for i, e := range events {
+		ids[i] = e.ID
 		if e.ID == uuid.Nil {
-			id, err := uuid.NewV7()
-			if err != nil {
+			if ids[i], err = uuid.NewV7(); err != nil {
 				return nil, err
 			}
-			e.ID = id
 		}
-		ids[i] = e.ID
+	}
+	ctx, end := o.tel.enqueue(ctx, events, ids)
+	defer func() { end(err) }()
+	traceContext := o.tel.traceContext(ctx)
+	for i, e := range events {
+		e.ID = ids[i]
 		var ok *string
 		if e.OrderingKey != "" {
 			ok = &e.OrderingKey
@@ -206,13 +222,12 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uui
 		if payload == nil {
 			payload = []byte{}
 		}
-		b.Queue(`INSERT INTO `+o.t+` (id, topic, ordering_key, payload) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING`,
-			e.ID, e.Topic, ok, payload)
+		b.Queue(`INSERT INTO `+o.t+` (id, topic, ordering_key, payload, trace_context) VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (id) DO NOTHING`, e.ID, e.Topic, ok, payload, traceContext)
 	}
 	// Delivered at commit, once per transaction however many events it enqueued.
 	b.Queue(`SELECT pg_notify($1, '')`, o.channel)
 	br := tx.SendBatch(ctx, b)
-	var err error
 	for range skip {
 		if _, e := br.Exec(); e != nil {
 			err = fmt.Errorf("oncekit/outbox: enqueue: %w", e)
@@ -339,6 +354,18 @@ func (o *Outbox) Retry(ctx context.Context, id uuid.UUID) (bool, error) {
 
 // Stats counts events by state.
 type Stats struct{ Pending, Published, Dead int }
+
+// backlog counts the events not published, from the partial indexes of pending and of
+// dead events: its cost follows the backlog, not the published events the table keeps
+// until they are purged.
+func (o *Outbox) backlog(ctx context.Context) (pending, dead int64, err error) {
+	err = o.pool.QueryRow(ctx, o.backlogSQL()).Scan(&pending, &dead)
+	return pending, dead, err
+}
+
+func (o *Outbox) backlogSQL() string {
+	return `SELECT (SELECT count(*) FROM ` + o.t + ` WHERE state = 'pending'), (SELECT count(*) FROM ` + o.t + ` WHERE state = 'dead')`
+}
 
 // Stats counts the events in each state.
 func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
