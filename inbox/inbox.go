@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/internal/pipetx"
@@ -33,6 +34,9 @@ type Config struct {
 	// MeterProvider receives the inbox's metrics: messages by outcome (handled,
 	// duplicate, rejected) and purge deletions. Defaults to none.
 	MeterProvider metric.MeterProvider
+	// TracerProvider receives a span per Handle call (oncekit.inbox.handle), a child of
+	// the caller's span, with the OpenTelemetry messaging attributes. Defaults to none.
+	TracerProvider trace.TracerProvider
 	// Logger receives a line per purge. Defaults to discarding it.
 	Logger *slog.Logger
 	// FirstAttempt says most deliveries are first ones, and trades the record's answer
@@ -110,7 +114,8 @@ type HandlerFunc func(ctx context.Context, tx pgx.Tx) error
 // that arrives while the same message is being handled waits for that transaction to
 // end, then is a duplicate (or, if it rolled back, handled).
 func (ib *Inbox) Handle(ctx context.Context, subscriber, messageID string, fn HandlerFunc) (res Result, err error) {
-	defer func() { ib.tel.message(ctx, subscriber, res, err) }()
+	ctx, end := ib.tel.handle(ctx, subscriber, messageID)
+	defer func() { end(res, err) }()
 	if err := validate(subscriber, messageID, fn); err != nil {
 		return Result{}, err
 	}

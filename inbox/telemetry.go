@@ -5,12 +5,16 @@ import (
 	"log/slog"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncekit/oncekit/internal/otelx"
+	"github.com/oncekit/oncekit/keys"
 )
 
-// InstrumentationName names the meter of the inbox.
+// InstrumentationName names the meter and tracer of the inbox.
 const InstrumentationName = "github.com/oncekit/oncekit/inbox"
 
 // Attributes of the inbox's metrics: the subscriber, and the outcome of a message
@@ -24,12 +28,13 @@ type telemetry struct {
 	metrics  bool
 	messages metric.Int64Counter
 	purged   metric.Int64Counter
+	tracer   trace.Tracer
 	log      *slog.Logger
 }
 
 func newTelemetry(c *Config) (*telemetry, error) {
-	o := otelx.New(InstrumentationName, c.MeterProvider, nil, c.Logger)
-	t := &telemetry{log: o.Log}
+	o := otelx.New(InstrumentationName, c.MeterProvider, c.TracerProvider, c.Logger)
+	t := &telemetry{log: o.Log, tracer: o.Tracer}
 	m := o.Meter
 	if m == nil {
 		return t, nil
@@ -48,16 +53,46 @@ func (t *telemetry) message(ctx context.Context, subscriber string, res Result, 
 	if !t.metrics {
 		return
 	}
-	outcome := "handled"
+	t.messages.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrSubscriber, subscriber), attribute.String(AttrOutcome, outcome(res, err))))
+}
+
+func outcome(res Result, err error) string {
 	switch {
 	case err != nil:
-		outcome = "error"
+		return "error"
 	case res.Duplicate:
-		outcome = "duplicate"
+		return "duplicate"
 	case res.Rejected:
-		outcome = "rejected"
+		return "rejected"
 	}
-	t.messages.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrSubscriber, subscriber), attribute.String(AttrOutcome, outcome)))
+	return "handled"
+}
+
+// handle starts the span of a Handle call, oncekit.inbox.handle: the messaging
+// "process" operation, a child of ctx's span (the delivery's), with the subscriber as
+// the consumer group; the returned func ends it and counts the message.
+func (t *telemetry) handle(ctx context.Context, subscriber, messageID string) (context.Context, func(Result, error)) {
+	if t.tracer == nil {
+		return ctx, func(res Result, err error) { t.message(ctx, subscriber, res, err) }
+	}
+	attrs := []attribute.KeyValue{semconv.MessagingOperationTypeProcess, semconv.MessagingOperationName("handle")}
+	// Names past their limits are refused by Handle, and stay out of the span.
+	if len(subscriber) <= keys.MaxScopeLen {
+		attrs = append(attrs, semconv.MessagingConsumerGroupName(subscriber))
+	}
+	if len(messageID) <= keys.MaxLenDefault {
+		attrs = append(attrs, semconv.MessagingMessageID(messageID))
+	}
+	ctx, span := t.tracer.Start(ctx, "oncekit.inbox.handle", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	return ctx, func(res Result, err error) {
+		t.message(ctx, subscriber, res, err)
+		span.SetAttributes(attribute.String(AttrOutcome, outcome(res, err)))
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
 }
 
 func (t *telemetry) purge(ctx context.Context, deleted int64) {

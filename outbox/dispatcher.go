@@ -43,8 +43,8 @@ const (
 	// PublishTimeoutDefault bounds one publication.
 	PublishTimeoutDefault = 10 * time.Second
 	// LeaseDefault is how long a claimed batch is the dispatcher's before another may
-	// take the events it has not finished; the dispatcher renews it while it works. It
-	// is at least twice PublishTimeout.
+	// take the events it has not finished; the dispatcher renews it while it works.
+	// With a PublishTimeout over half of it, the default lease is twice PublishTimeout.
 	LeaseDefault = 30 * time.Second
 	// AcquireTimeoutDefault bounds the wait for a pool connection.
 	AcquireTimeoutDefault = 10 * time.Second
@@ -67,19 +67,30 @@ type DispatcherConfig struct {
 	// Defaults to [MaxAttemptsDefault].
 	MaxAttempts int
 	// BackoffMin and BackoffMax bound the exponential delay between attempts, counted
-	// from the failure. Default to [BackoffMinDefault] and [BackoffMaxDefault].
+	// from the failure: a failure is recorded at once, and its event is free for any
+	// dispatcher when the delay ends. Default to [BackoffMinDefault] and
+	// [BackoffMaxDefault].
 	BackoffMin, BackoffMax time.Duration
 	// PublishTimeout bounds one publication: the publisher's context has this deadline,
 	// and a publication that outlives it counts as a failed attempt (with backoff), even
 	// if the publisher ignores its context. Defaults to [PublishTimeoutDefault].
 	PublishTimeout time.Duration
 	// Lease is how long a claimed batch belongs to this dispatcher. Claims commit at
-	// once and hold no row lock while the dispatcher publishes; the lease is renewed
-	// while it works, and a dispatcher that dies leaves its unfinished events to others
-	// when the lease runs out. Defaults to [LeaseDefault].
+	// once and hold no row lock while the dispatcher publishes; a dispatcher that dies
+	// leaves its unfinished events to others when the lease runs out.
+	//
+	// The rule: a publication starts only while the lease has at least PublishTimeout
+	// and a quarter of the lease left (by the dispatcher's clock, counted from when it
+	// sent the claim or the last renewal, which is before the database set the lease);
+	// otherwise the dispatcher renews it first. So a publication, and a publisher's late
+	// return (up to an eighth of the lease), end within the lease, and its outcome has
+	// the rest of the quarter to be recorded. The lease must be at least twice
+	// PublishTimeout: NewDispatcher refuses a shorter one with [ErrInvalidConfig].
+	// Defaults to [LeaseDefault], or twice PublishTimeout when that is longer.
 	Lease time.Duration
 	// AcquireTimeout bounds the wait for a connection from the outbox's pool; running
-	// out is reported to ErrorFunc, and Run tries again. Defaults to
+	// out is reported to ErrorFunc, and Run tries again. A wait longer than the lease
+	// can cost the dispatcher its batch ([ErrLeaseLost]). Defaults to
 	// [AcquireTimeoutDefault].
 	AcquireTimeout time.Duration
 	// StopGrace is how long a dispatcher whose context was cancelled may take to record
@@ -92,10 +103,37 @@ type DispatcherConfig struct {
 	// false.
 	Ordered bool
 	// ErrorFunc, when set, is told about errors the dispatcher recovers from (a lost
-	// connection, a failed publication, no connection to be had). Calls are serialised,
-	// never concurrent. Defaults to nil.
+	// connection, a failed publication, no connection to be had, a lost lease). Calls
+	// are serialised, never concurrent. Defaults to nil.
 	ErrorFunc func(error)
 }
+
+// Dispatcher errors.
+var (
+	// ErrInvalidConfig: a DispatcherConfig that NewDispatcher refuses.
+	ErrInvalidConfig = errors.New("oncekit/outbox: invalid DispatcherConfig")
+	// ErrLeaseLost: another dispatcher took over events of this dispatcher's batch after
+	// its lease ran out. [*LeaseLostError] matches it.
+	ErrLeaseLost = errors.New("oncekit/outbox: lease lost")
+)
+
+// LeaseLostError reports that a dispatcher found events of its batch owned by another
+// dispatcher: its lease ran out (its pool had no connection for it, or the database was
+// out of reach, for longer than the lease) and another claimed them. The dispatcher
+// published none of them after it lost them, recorded nothing over the other's claim,
+// and dropped the rest of its batch. Run reports it to ErrorFunc and goes on.
+type LeaseLostError struct {
+	// Events counts the events found owned by another dispatcher.
+	Events int
+}
+
+func (e *LeaseLostError) Error() string {
+	return fmt.Sprintf("oncekit/outbox: %d events of this dispatcher's batch were claimed by another dispatcher after its lease ran out; the rest of the batch was dropped: if this repeats, give the pool more connections or raise DispatcherConfig.Lease",
+		e.Events)
+}
+
+// Is matches [ErrLeaseLost].
+func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
 
 // Dispatcher publishes pending events.
 type Dispatcher struct {
@@ -107,16 +145,19 @@ type Dispatcher struct {
 	errMu sync.Mutex // serialises ErrorFunc
 }
 
-// dispatchQueries is the dispatcher's SQL with the schema filled in.
+// dispatchQueries is the dispatcher's SQL with the schema filled in. Every statement
+// after the claim names the batch's owner token ($2), so that a dispatcher whose lease
+// ran out can change nothing another dispatcher has claimed since.
 type dispatchQueries struct {
-	claim, published, retry, dead, release string
+	claim, published, retry, dead, release, renew string
 }
 
 // orderedClaimLock serialises the claims of ordered dispatchers on one outbox, so that
 // two of them never take different events of one key at once.
 const orderedClaimLock = "SELECT pg_advisory_xact_lock(hashtextextended('oncekit.outbox.claim.' || $1::text, 0))"
 
-// NewDispatcher returns a dispatcher for o's events.
+// NewDispatcher returns a dispatcher for o's events. A DispatcherConfig it refuses is
+// reported as [ErrInvalidConfig].
 func NewDispatcher(o *Outbox, pub Publisher, cfg *DispatcherConfig) (*Dispatcher, error) {
 	if o == nil || pub == nil {
 		return nil, errors.New("oncekit/outbox: NewDispatcher needs an outbox and a publisher")
@@ -127,7 +168,7 @@ func NewDispatcher(o *Outbox, pub Publisher, cfg *DispatcherConfig) (*Dispatcher
 	}
 	if c.BatchSize < 0 || c.PollInterval < 0 || c.MaxAttempts < 0 || c.BackoffMin < 0 || c.BackoffMax < 0 ||
 		c.PublishTimeout < 0 || c.Lease < 0 || c.AcquireTimeout < 0 || c.StopGrace < 0 {
-		return nil, errors.New("oncekit/outbox: DispatcherConfig values must not be negative; zero means the default")
+		return nil, fmt.Errorf("%w: values must not be negative; zero means the default", ErrInvalidConfig)
 	}
 	setDefault(&c.BatchSize, BatchSizeDefault)
 	setDefault(&c.PollInterval, PollIntervalDefault)
@@ -135,11 +176,12 @@ func NewDispatcher(o *Outbox, pub Publisher, cfg *DispatcherConfig) (*Dispatcher
 	setDefault(&c.BackoffMin, BackoffMinDefault)
 	setDefault(&c.BackoffMax, BackoffMaxDefault)
 	setDefault(&c.PublishTimeout, PublishTimeoutDefault)
-	setDefault(&c.Lease, LeaseDefault)
+	setDefault(&c.Lease, max(LeaseDefault, 2*c.PublishTimeout))
 	setDefault(&c.AcquireTimeout, AcquireTimeoutDefault)
 	setDefault(&c.StopGrace, StopGraceDefault)
 	if c.Lease < 2*c.PublishTimeout {
-		c.Lease = 2 * c.PublishTimeout
+		return nil, fmt.Errorf("%w: Lease %s is shorter than twice PublishTimeout (%s): a publication needs PublishTimeout and a quarter of the lease left when it starts; raise Lease to at least %s or lower PublishTimeout",
+			ErrInvalidConfig, c.Lease, c.PublishTimeout, 2*c.PublishTimeout)
 	}
 	return &Dispatcher{o: o, pub: pub, cfg: c, q: newDispatchQueries(o.t, c.Ordered)}, nil
 }
@@ -150,37 +192,59 @@ func setDefault[T int | time.Duration](v *T, def T) {
 	}
 }
 
+// margin is what a publication must leave of the lease, beyond PublishTimeout; grace
+// is how long after the deadline the dispatcher waits for a publisher to return.
+func (d *Dispatcher) margin() time.Duration { return d.cfg.Lease / 4 }
+func (d *Dispatcher) grace() time.Duration  { return d.cfg.Lease / 8 }
+
 func newDispatchQueries(t string, ordered bool) dispatchQueries {
-	// $1 batch size, $2 lease. The ready events, in order of enqueueing.
-	claim := `UPDATE ` + t + ` SET locked_until = now() + $2::interval WHERE id IN (
+	const returning = `RETURNING seq, id, topic, coalesce(ordering_key, ''), payload, attempts, created_at, trace_context`
+	// $1 batch size, $2 lease, $3 owner token. The ready events, in order of enqueueing.
+	claim := `UPDATE ` + t + ` SET locked_until = now() + $2::interval, locked_by = $3 WHERE id IN (
 			SELECT id FROM ` + t + ` e
 			WHERE state = 'pending' AND available_at <= now() AND (locked_until IS NULL OR locked_until <= now())
 			ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)
-		RETURNING seq, id, topic, coalesce(ordering_key, ''), payload, attempts, created_at`
+		` + returning
 	if ordered {
-		// $1 batch size, $2 lease. The head of each key, and the events behind it: no
-		// earlier pending event of the key may be waiting for a retry or leased to
-		// another dispatcher.
-		claim = `UPDATE ` + t + ` SET locked_until = now() + $2::interval WHERE id IN (
-			SELECT id FROM ` + t + ` e
+		// $1 batch size, $2 lease, $3 owner token. The head of each key, and the events
+		// behind it: no earlier pending event of the key may be waiting for a retry or
+		// leased. And none may be missing from the claim: SKIP LOCKED passes over a row
+		// another transaction has locked (a dispatcher recording its outcome), and the
+		// events behind it must wait with it.
+		claim = `WITH ready AS (
+			SELECT id, seq, ordering_key FROM ` + t + ` e
 			WHERE state = 'pending' AND available_at <= now() AND (locked_until IS NULL OR locked_until <= now())
 			  AND (ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + t + ` p
 				WHERE p.ordering_key = e.ordering_key AND p.state = 'pending' AND p.seq < e.seq
 				  AND (p.available_at > now() OR p.locked_until > now())))
-			ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED)
-		RETURNING seq, id, topic, coalesce(ordering_key, ''), payload, attempts, created_at`
+			ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED
+		), gap AS (
+			SELECT k.ordering_key, (SELECT p.seq FROM ` + t + ` p
+				WHERE p.ordering_key = k.ordering_key AND p.state = 'pending' AND p.id NOT IN (SELECT id FROM ready)
+				ORDER BY p.seq LIMIT 1) AS seq
+			FROM (SELECT DISTINCT ordering_key FROM ready WHERE ordering_key IS NOT NULL) k
+		)
+		UPDATE ` + t + ` SET locked_until = now() + $2::interval, locked_by = $3 WHERE id IN (
+			SELECT ready.id FROM ready LEFT JOIN gap ON gap.ordering_key = ready.ordering_key
+			WHERE gap.seq IS NULL OR ready.seq < gap.seq)
+		` + returning
 	}
 	return dispatchQueries{
 		claim: claim,
-		// $1 ids.
-		published: `UPDATE ` + t + ` SET state = 'published', published_at = now(), attempts = attempts + 1, locked_until = NULL
-			WHERE id = ANY($1)`,
-		// $1 id, $2 attempts, $3 error, $4 backoff: counted from the failure, not from the
-		// statement's start.
-		retry: `UPDATE ` + t + ` SET attempts = $2, last_error = $3, available_at = clock_timestamp() + $4::interval, locked_until = NULL
-			WHERE id = $1`,
-		dead:    `UPDATE ` + t + ` SET state = 'dead', attempts = $2, last_error = $3, locked_until = NULL WHERE id = $1`,
-		release: `UPDATE ` + t + ` SET locked_until = NULL WHERE id = ANY($1) AND state = 'pending'`,
+		// $1 ids, $2 owner token.
+		published: `UPDATE ` + t + ` SET state = 'published', published_at = now(), attempts = attempts + 1, locked_until = NULL, locked_by = NULL
+			WHERE id = ANY($1) AND locked_by = $2`,
+		// $1 id, $2 owner token, $3 attempts, $4 error, $5 what is left of the backoff
+		// counted from the failure.
+		retry: `UPDATE ` + t + ` SET attempts = $3, last_error = $4, available_at = clock_timestamp() + $5::interval, locked_until = NULL, locked_by = NULL
+			WHERE id = $1 AND locked_by = $2`,
+		// $1 id, $2 owner token, $3 attempts, $4 error.
+		dead: `UPDATE ` + t + ` SET state = 'dead', attempts = $3, last_error = $4, locked_until = NULL, locked_by = NULL
+			WHERE id = $1 AND locked_by = $2`,
+		// $1 ids, $2 owner token.
+		release: `UPDATE ` + t + ` SET locked_until = NULL, locked_by = NULL WHERE id = ANY($1) AND locked_by = $2`,
+		// $1 ids, $2 owner token, $3 lease.
+		renew: `UPDATE ` + t + ` SET locked_until = now() + $3::interval WHERE id = ANY($1) AND locked_by = $2`,
 	}
 }
 
@@ -188,7 +252,7 @@ func newDispatchQueries(t string, ordered bool) dispatchQueries {
 // fallback. It survives lost connections and PostgreSQL restarts, retrying with
 // backoff, and returns only ctx's error. It listens on a connection of its own, opened
 // with the pool's configuration, so the dispatching pool keeps all its connections for
-// dispatching.
+// dispatching; that connection is outside the pool's MaxConns.
 //
 // Stopping costs little: the publications already made are recorded within
 // StopGrace, and the batch's other events are released at once to other dispatchers.
@@ -240,8 +304,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 }
 
-// listen forwards notifications to wake, on a connection of its own, reconnecting when
-// the connection is lost.
+// listen forwards notifications to wake, on a connection of its own (outside the pool's
+// MaxConns), reconnecting when the connection is lost.
 func (d *Dispatcher) listen(ctx context.Context, wake chan<- struct{}) {
 	for ctx.Err() == nil {
 		err := func() error {
@@ -274,7 +338,17 @@ func (d *Dispatcher) listen(ctx context.Context, wake chan<- struct{}) {
 // claimed is an event of a claimed batch.
 type claimed struct {
 	Event
-	seq int64
+	seq          int64
+	traceContext []byte
+}
+
+// batch is a claimed batch: its owner token, its events in outbox order, and when its
+// lease ends by this process's clock. leaseEnd is early, never late: it counts from when
+// the claim or the last renewal was sent, and the database set the lease after that.
+type batch struct {
+	token    uuid.UUID
+	events   []claimed
+	leaseEnd time.Time
 }
 
 // Drain dispatches batches until none is ready, and returns how many events it claimed:
@@ -291,78 +365,110 @@ func (d *Dispatcher) Drain(ctx context.Context) (int, error) {
 	}
 }
 
-// DispatchOnce claims one batch with a lease and commits the claim, publishes the
-// events one by one (each within PublishTimeout), and records the outcomes. No row
-// lock is held while publishing. It returns how many events it claimed.
+// DispatchOnce claims one batch under a lease of its own and commits the claim,
+// publishes the events one by one (each within PublishTimeout, renewing the lease as
+// DispatcherConfig.Lease says), and records the outcomes: a failure at once, the
+// publications at the end. No row lock is held while publishing. It returns how many
+// events it claimed. When it finds events of its batch claimed by another dispatcher it
+// drops the rest of the batch and returns a [*LeaseLostError].
 func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
-	claimedAt := time.Now()
-	events, err := d.claimBatch(ctx)
-	if err != nil || len(events) == 0 {
+	b, err := d.claimBatch(ctx)
+	if err != nil || len(b.events) == 0 {
 		return 0, err
 	}
+	return len(b.events), d.dispatch(ctx, b)
+}
+
+// outcomes are what a dispatcher has to record of its batch.
+type outcomes struct {
+	published []uuid.UUID
+	failures  []failure
+	release   []uuid.UUID
+}
+
+// failure is a failed publication to record.
+type failure struct {
+	id       uuid.UUID
+	attempts int
+	err      string
+	dead     bool
+	backoff  time.Duration
+	at       time.Time
+}
+
+func (d *Dispatcher) dispatch(ctx context.Context, b *batch) error {
 	var (
-		outcome = &pgx.Batch{}
-		done    []uuid.UUID
-		skipped []claimed           // ordered events behind a failed one of their key
-		held    = map[string]bool{} // ordering keys with a failed event in this batch
-		renewAt = time.Now().Add(d.cfg.Lease / 2)
-		next    int // the first event not handled yet
+		out     outcomes
+		held    = map[string]bool{} // ordered keys with a failed event in this batch
+		next    int                 // the first event not handled yet
+		stopErr error               // why the batch stopped early
 	)
-	record := func(ctx context.Context, rest []claimed) error {
-		if len(done) > 0 {
-			outcome.Queue(d.q.published, done)
-		}
-		if len(rest) > 0 {
-			ids := make([]uuid.UUID, len(rest))
-			for i, e := range rest {
-				ids[i] = e.ID
+	// unfinished lists the events from next on that this batch may still publish.
+	unfinished := func() []uuid.UUID {
+		var ids []uuid.UUID
+		for _, e := range b.events[next:] {
+			if !held[e.OrderingKey] {
+				ids = append(ids, e.ID)
 			}
-			outcome.Queue(d.q.release, ids)
 		}
-		if err := d.sendOutcomes(ctx, outcome); err != nil {
-			outcome.QueuedQueries = slices.DeleteFunc(outcome.QueuedQueries, func(q *pgx.QueuedQuery) bool {
-				return q.SQL == d.q.published || q.SQL == d.q.release
-			})
-			return err
-		}
-		outcome, done = &pgx.Batch{}, nil
-		return nil
+		return ids
 	}
-	for ; next < len(events) && ctx.Err() == nil; next++ {
-		e := events[next]
+	for ; next < len(b.events) && ctx.Err() == nil; next++ {
+		e := b.events[next]
 		if d.cfg.Ordered && e.OrderingKey != "" && held[e.OrderingKey] {
-			skipped = append(skipped, e) // a failed event of its key goes first
-			continue
+			continue // released when its key's failed event was recorded
 		}
-		if time.Now().After(renewAt) {
-			// A long batch: record what is done and renew the lease of the rest.
-			if err := record(ctx, nil); err != nil {
-				return len(events), err
+		if time.Until(b.leaseEnd) < d.cfg.PublishTimeout+d.margin() {
+			// Not enough lease left for a publication: record what is done and renew the
+			// lease of the rest. A renewal that finds another owner stops the batch.
+			if err := d.send(ctx, b, &out, unfinished()); err != nil {
+				stopErr = err
+				break
 			}
-			if err := d.renew(ctx, events[next:]); err != nil {
-				return len(events), err
+			if time.Until(b.leaseEnd) < d.cfg.PublishTimeout+d.margin() {
+				stopErr = fmt.Errorf("oncekit/outbox: renewing the lease took %s, more than Lease leaves over PublishTimeout: the batch is dropped",
+					d.cfg.Lease-time.Until(b.leaseEnd))
+				break
 			}
-			renewAt = time.Now().Add(d.cfg.Lease / 2)
 		}
-		perr := d.o.tel.publication(ctx, e.Event, func(ctx context.Context) error { return d.publish(ctx, e.Event) })
+		perr := d.o.tel.publication(ctx, e, func(ctx context.Context) error { return d.publish(ctx, e.Event) })
 		if perr == nil {
-			done = append(done, e.ID)
+			out.published = append(out.published, e.ID)
 			continue
 		}
 		if ctx.Err() != nil {
 			break // stopping: the publication in flight is not known to have arrived
 		}
-		held[e.OrderingKey] = true
 		d.report(fmt.Errorf("oncekit/outbox: publish %s (%s): %w", e.ID, e.Topic, perr))
-		attempts := e.Attempts + 1
-		if attempts >= d.cfg.MaxAttempts || errors.Is(perr, ErrPermanent) {
-			d.o.tel.died(ctx, e.Event, attempts, perr)
-			outcome.Queue(d.q.dead, e.ID, attempts, perr.Error())
+		f := failure{id: e.ID, attempts: e.Attempts + 1, err: perr.Error(), at: time.Now()}
+		if f.dead = f.attempts >= d.cfg.MaxAttempts || errors.Is(perr, ErrPermanent); f.dead {
+			d.o.tel.died(ctx, e.Event, f.attempts, perr)
 		} else {
-			outcome.Queue(d.q.retry, e.ID, attempts, perr.Error(), pgsql.Interval(d.backoff(attempts)))
+			f.backoff = d.backoff(f.attempts)
+		}
+		out.failures = append(out.failures, f)
+		if d.cfg.Ordered && e.OrderingKey != "" {
+			// The later events of its key wait for it: they go back to the outbox with
+			// the failure, free for whichever dispatcher finds them ready.
+			held[e.OrderingKey] = true
+			for _, later := range b.events[next+1:] {
+				if later.OrderingKey == e.OrderingKey {
+					out.release = append(out.release, later.ID)
+				}
+			}
+		}
+		// Recorded at once: the backoff counts from the failure, and when it ends the
+		// event is free for any dispatcher, not only this one after its batch.
+		if err := d.send(ctx, b, &out, nil); err != nil {
+			if errors.Is(err, ErrLeaseLost) {
+				stopErr = err
+				break
+			}
+			// Kept, and sent with the next renewal or at the end.
+			d.report(fmt.Errorf("oncekit/outbox: record a failed publication (retrying): %w", err))
 		}
 	}
-	rest := append(skipped, events[next:]...)
+	out.release = append(out.release, unfinished()...)
 	recordCtx := ctx
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
@@ -372,32 +478,93 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 	// The outcomes are retried while the lease lasts: a dispatcher that lost its
 	// connection (a PostgreSQL restart) still knows what it published.
 	for backoff := retryFirst; ; backoff = min(backoff*2, listenRetryMax) {
-		err := record(recordCtx, rest)
-		if err == nil {
+		err := d.send(recordCtx, b, &out, nil)
+		if err == nil || errors.Is(err, ErrLeaseLost) {
+			stopErr = cmp.Or(stopErr, err)
 			break
 		}
-		if recordCtx.Err() != nil || time.Now().After(claimedAt.Add(d.cfg.Lease/2)) {
-			return len(events), err
+		if recordCtx.Err() != nil || time.Now().After(b.leaseEnd) {
+			return err
 		}
-		d.report(fmt.Errorf("oncekit/outbox: record the outcomes of %d events (retrying): %w", len(events), err))
+		d.report(fmt.Errorf("oncekit/outbox: record the outcomes of %d events (retrying): %w", len(b.events), err))
 		if !sleep(recordCtx, backoff) {
-			return len(events), err
+			return err
 		}
 	}
 	if ctx.Err() != nil {
-		return len(events), ctx.Err()
+		return ctx.Err()
 	}
-	return len(events), nil
+	return stopErr
 }
 
-// claimBatch claims up to BatchSize ready events under a lease, committed at once.
-func (d *Dispatcher) claimBatch(ctx context.Context) ([]claimed, error) {
+// send records out and renews the lease of renew, in one round trip, all under the
+// batch's owner token; on success out is emptied. A statement that touches fewer rows
+// than it names found them owned by another dispatcher: send reports a
+// [*LeaseLostError] then (everything else it sent took effect).
+func (d *Dispatcher) send(ctx context.Context, b *batch, out *outcomes, renew []uuid.UUID) error {
+	q := &pgx.Batch{}
+	var want []int // rows each statement must touch
+	if len(out.published) > 0 {
+		q.Queue(d.q.published, out.published, b.token)
+		want = append(want, len(out.published))
+	}
+	for _, f := range out.failures {
+		if f.dead {
+			q.Queue(d.q.dead, f.id, b.token, f.attempts, f.err)
+		} else {
+			q.Queue(d.q.retry, f.id, b.token, f.attempts, f.err, pgsql.Interval(max(f.backoff-time.Since(f.at), 0)))
+		}
+		want = append(want, 1)
+	}
+	if len(out.release) > 0 {
+		q.Queue(d.q.release, out.release, b.token)
+		want = append(want, len(out.release))
+	}
+	if len(renew) > 0 {
+		q.Queue(d.q.renew, renew, b.token, pgsql.Interval(d.cfg.Lease))
+		want = append(want, len(renew))
+	}
+	if q.Len() == 0 {
+		return nil
+	}
+	conn, err := d.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	sent := time.Now()
+	br := conn.SendBatch(ctx, q)
+	lost := 0
+	for _, n := range want {
+		tag, err := br.Exec()
+		if err != nil {
+			_ = br.Close()
+			return err
+		}
+		lost += n - int(tag.RowsAffected())
+	}
+	if err := br.Close(); err != nil {
+		return err
+	}
+	*out = outcomes{}
+	if len(renew) > 0 {
+		b.leaseEnd = sent.Add(d.cfg.Lease)
+	}
+	if lost > 0 {
+		return &LeaseLostError{Events: lost}
+	}
+	return nil
+}
+
+// claimBatch claims up to BatchSize ready events under a lease with a new owner token,
+// committed at once.
+func (d *Dispatcher) claimBatch(ctx context.Context) (*batch, error) {
 	conn, err := d.acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Release()
-	var rows pgx.Rows
+	b := &batch{token: uuid.New(), leaseEnd: time.Now().Add(d.cfg.Lease)}
 	lease := pgsql.Interval(d.cfg.Lease)
 	if d.cfg.Ordered {
 		tx, err := conn.Begin(ctx)
@@ -408,25 +575,27 @@ func (d *Dispatcher) claimBatch(ctx context.Context) ([]claimed, error) {
 		if _, err := tx.Exec(ctx, orderedClaimLock, d.o.t); err != nil {
 			return nil, err
 		}
-		if rows, err = tx.Query(ctx, d.q.claim, d.cfg.BatchSize, lease); err != nil {
-			return nil, err
-		}
-		events, err := collectClaimed(rows)
+		rows, err := tx.Query(ctx, d.q.claim, d.cfg.BatchSize, lease, b.token)
 		if err != nil {
 			return nil, err
 		}
-		return events, tx.Commit(ctx)
+		if b.events, err = collectClaimed(rows); err != nil {
+			return nil, err
+		}
+		return b, tx.Commit(ctx)
 	}
-	if rows, err = conn.Query(ctx, d.q.claim, d.cfg.BatchSize, lease); err != nil {
+	rows, err := conn.Query(ctx, d.q.claim, d.cfg.BatchSize, lease, b.token)
+	if err != nil {
 		return nil, err
 	}
-	return collectClaimed(rows)
+	b.events, err = collectClaimed(rows)
+	return b, err
 }
 
 func collectClaimed(rows pgx.Rows) ([]claimed, error) {
 	events, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed, error) {
 		var e claimed
-		err := r.Scan(&e.seq, &e.ID, &e.Topic, &e.OrderingKey, &e.Payload, &e.Attempts, &e.CreatedAt)
+		err := r.Scan(&e.seq, &e.ID, &e.Topic, &e.OrderingKey, &e.Payload, &e.Attempts, &e.CreatedAt, &e.traceContext)
 		return e, err
 	})
 	slices.SortFunc(events, func(a, b claimed) int { return cmp.Compare(a.seq, b.seq) })
@@ -440,59 +609,42 @@ func (d *Dispatcher) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	conn, err := d.o.pool.Acquire(actx)
 	if err != nil && ctx.Err() == nil {
 		st := d.o.pool.Stat()
-		return nil, fmt.Errorf("oncekit/outbox: no pool connection within %s (%d of %d in use): %w",
+		return nil, fmt.Errorf("oncekit/outbox: no pool connection within %s (%d of %d in use; the dispatchers' LISTEN connections are not counted there): %w",
 			d.cfg.AcquireTimeout, st.AcquiredConns(), st.MaxConns(), err)
 	}
 	return conn, err
 }
 
-// renew extends the lease of the events still to publish.
-func (d *Dispatcher) renew(ctx context.Context, rest []claimed) error {
-	ids := make([]uuid.UUID, len(rest))
-	for i, e := range rest {
-		ids[i] = e.ID
-	}
-	conn, err := d.acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `UPDATE `+d.o.t+` SET locked_until = now() + $2::interval WHERE id = ANY($1) AND state = 'pending'`,
-		ids, pgsql.Interval(d.cfg.Lease))
-	return err
-}
-
-func (d *Dispatcher) sendOutcomes(ctx context.Context, b *pgx.Batch) error {
-	if b.Len() == 0 {
-		return nil
-	}
-	conn, err := d.acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	return conn.SendBatch(ctx, b).Close()
-}
-
-// publish runs one publication within PublishTimeout, and gives up on a publisher that
-// ignores its context once the deadline has passed.
+// publish runs one publication within PublishTimeout. At the deadline, or when the
+// dispatcher stops, it waits a little (grace) for the publisher to return, so that a
+// publisher that honours its context has ended before its event, or the next event of
+// its key, can go to another dispatcher; one that ignores its context is abandoned then.
 func (d *Dispatcher) publish(ctx context.Context, e Event) error {
 	pctx, cancel := context.WithTimeout(ctx, d.cfg.PublishTimeout)
 	defer cancel()
 	res := make(chan error, 1)
 	go func() { res <- d.pub.Publish(pctx, e) }()
+	var err error
 	select {
-	case err := <-res:
-		if err != nil && pctx.Err() != nil && ctx.Err() == nil {
-			return fmt.Errorf("oncekit/outbox: publication timed out after %s: %w", d.cfg.PublishTimeout, err)
+	case err = <-res:
+		if err == nil || pctx.Err() == nil {
+			return err
 		}
-		return err
 	case <-pctx.Done():
-		if ctx.Err() != nil {
-			return ctx.Err()
+		t := time.NewTimer(d.grace())
+		defer t.Stop()
+		select {
+		case err = <-res:
+		case <-t.C:
 		}
-		return fmt.Errorf("oncekit/outbox: publication timed out after %s", d.cfg.PublishTimeout)
 	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err != nil {
+		return fmt.Errorf("oncekit/outbox: publication timed out after %s: %w", d.cfg.PublishTimeout, err)
+	}
+	return fmt.Errorf("oncekit/outbox: publication timed out after %s", d.cfg.PublishTimeout)
 }
 
 func (d *Dispatcher) backoff(attempt int) time.Duration {

@@ -14,8 +14,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
@@ -46,11 +48,19 @@ type Config struct {
 	// ledger.SchemaDefault.
 	Schema string
 	// MeterProvider receives the outbox's metrics: publications, failures, dead events,
-	// publication durations, and the backlog (read from the table at each collection).
-	// Defaults to none.
+	// publication durations, and the backlog (counted at each collection from the
+	// indexes of pending and dead events, without reading published ones). Defaults to
+	// none.
 	MeterProvider metric.MeterProvider
-	// TracerProvider receives a span per publication. Defaults to none.
+	// TracerProvider receives a span per Enqueue call (oncekit.outbox.enqueue) and per
+	// publication (oncekit.outbox.publish, linked to the enqueue that created the
+	// event), with the OpenTelemetry messaging attributes. Defaults to none.
 	TracerProvider trace.TracerProvider
+	// Propagator writes the producer's trace context into each event at Enqueue, and
+	// reads it back when the event is published, so that the publication's span links to
+	// the trace that created the event. Defaults to propagation.TraceContext{} (W3C
+	// traceparent and tracestate).
+	Propagator propagation.TextMapPropagator
 	// Logger receives a line per dead event and per purge. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -64,7 +74,10 @@ type Outbox struct {
 	tel     *telemetry
 }
 
-// New returns the outbox on pool.
+// New returns the outbox on pool. Enqueue runs in the caller's transactions, and
+// dispatchers take their connections from pool; each running [Dispatcher] also holds one
+// connection of its own for LISTEN, outside pool's MaxConns, so a server's
+// max_connections must allow for pool's MaxConns plus one per dispatcher.
 func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 	if pool == nil {
 		return nil, errors.New("oncekit/outbox: New needs a pool")
@@ -116,7 +129,38 @@ var (
 	// ErrDuplicateEvent: an event ID is already in the outbox. Roll the transaction back
 	// (the events enqueued before it in the same call are in it) or enqueue a new ID.
 	ErrDuplicateEvent = errors.New("oncekit/outbox: an event with this ID is already in the outbox")
+	// ErrOrderingKeyDeadlock: two transactions waited for each other's ordering keys
+	// (see [Outbox.Enqueue]), and PostgreSQL ended this one. [*OrderingKeyDeadlockError]
+	// matches it.
+	ErrOrderingKeyDeadlock = errors.New("oncekit/outbox: deadlock on ordering keys")
 )
+
+// OrderingKeyDeadlockError reports that this transaction and another waited for each
+// other's ordering-key locks, as two producers that enqueue the same keys in opposite
+// order across separate Enqueue calls do; PostgreSQL broke the deadlock by aborting this
+// transaction. It is retryable: roll the transaction back and run it again. Its
+// SQLState is 40P01 (deadlock_detected), so retry loops that retry deadlocks retry it,
+// and it unwraps to the *pgconn.PgError.
+type OrderingKeyDeadlockError struct {
+	Err error
+}
+
+func (e *OrderingKeyDeadlockError) Error() string {
+	return "oncekit/outbox: this transaction and another waited for each other's ordering keys and PostgreSQL aborted this one (deadlock_detected): " +
+		"roll it back and run it again; to avoid it, enqueue a transaction's ordered events in one Enqueue call, or take its keys in the same order in every transaction"
+}
+
+// Is matches [ErrOrderingKeyDeadlock].
+func (e *OrderingKeyDeadlockError) Is(target error) bool { return target == ErrOrderingKeyDeadlock }
+
+// Unwrap returns the PostgreSQL error.
+func (e *OrderingKeyDeadlockError) Unwrap() error { return e.Err }
+
+// SQLState returns "40P01" (deadlock_detected).
+func (e *OrderingKeyDeadlockError) SQLState() string { return deadlockDetected }
+
+// deadlockDetected is PostgreSQL's SQLSTATE for a deadlock it broke.
+const deadlockDetected = "40P01"
 
 // Enqueue adds events in tx: they exist, and dispatchers wake for them, only if tx
 // commits. It returns the events' IDs, generating the missing ones. Events are checked
@@ -125,12 +169,19 @@ var (
 //
 // An event with an ordering key takes a lock on the key until tx ends: another
 // transaction enqueueing for the same key waits for it, so a key's events are in the
-// outbox in the order their transactions committed.
-func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uuid.UUID, error) {
+// outbox in the order their transactions committed. One call locks its keys in sorted
+// order, but two transactions that enqueue the same keys in opposite order across
+// separate calls can wait for each other: PostgreSQL then aborts one of them, and
+// Enqueue returns an [*OrderingKeyDeadlockError] (retryable: roll back and run the
+// transaction again).
+//
+// Each event keeps the trace context of ctx (through Config.Propagator), and, with a
+// TracerProvider, the call has a span of its own whose context is the one kept.
+func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) (ids []uuid.UUID, err error) {
 	if tx == nil {
 		return nil, errors.New("oncekit/outbox: Enqueue needs the business transaction")
 	}
-	ids := make([]uuid.UUID, len(events))
+	ids = make([]uuid.UUID, len(events))
 	b := &pgx.Batch{}
 	var orderingKeys []string
 	for i, e := range events {
@@ -143,21 +194,26 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uui
 	}
 	// Producers of one ordering key take turns from their Enqueue to their commit, so
 	// that a key's events get their outbox order in commit order. Keys are locked in
-	// sorted order, so that two producers never wait for each other.
+	// sorted order, so that two producers that each enqueue their keys in one call never
+	// wait for each other; across calls, the order is the caller's (see keyLock).
 	slices.Sort(orderingKeys)
 	for _, k := range orderingKeys {
 		b.Queue(keyLock, o.schema+"."+k)
 	}
 	skip := b.Len()
 	for i, e := range events {
+		ids[i] = e.ID
 		if e.ID == uuid.Nil {
-			id, err := uuid.NewV7()
-			if err != nil {
+			if ids[i], err = uuid.NewV7(); err != nil {
 				return nil, err
 			}
-			e.ID = id
 		}
-		ids[i] = e.ID
+	}
+	ctx, end := o.tel.enqueue(ctx, events, ids)
+	defer func() { end(err) }()
+	traceContext := o.tel.traceContext(ctx)
+	for i, e := range events {
+		e.ID = ids[i]
 		var ok *string
 		if e.OrderingKey != "" {
 			ok = &e.OrderingKey
@@ -166,16 +222,19 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uui
 		if payload == nil {
 			payload = []byte{}
 		}
-		b.Queue(`INSERT INTO `+o.t+` (id, topic, ordering_key, payload) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING`,
-			e.ID, e.Topic, ok, payload)
+		b.Queue(`INSERT INTO `+o.t+` (id, topic, ordering_key, payload, trace_context) VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (id) DO NOTHING`, e.ID, e.Topic, ok, payload, traceContext)
 	}
 	// Delivered at commit, once per transaction however many events it enqueued.
 	b.Queue(`SELECT pg_notify($1, '')`, o.channel)
 	br := tx.SendBatch(ctx, b)
-	var err error
 	for range skip {
 		if _, e := br.Exec(); e != nil {
 			err = fmt.Errorf("oncekit/outbox: enqueue: %w", e)
+			var pgErr *pgconn.PgError
+			if errors.As(e, &pgErr) && pgErr.Code == deadlockDetected {
+				err = &OrderingKeyDeadlockError{Err: e}
+			}
 			break
 		}
 	}
@@ -200,6 +259,17 @@ func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, events ...Event) ([]uui
 }
 
 // keyLock is the transaction-scoped lock of an ordering key, $1 the schema and key.
+// Enqueue and Retry take it, so that a key's outbox order (seq) is the order in which
+// its producers committed.
+//
+// It can deadlock. One Enqueue call takes its keys in sorted order, but a transaction
+// that calls Enqueue twice takes the first call's keys before the second's: if one
+// transaction enqueues for key a and then b, and another for b and then a, each can hold
+// one key and wait for the other. PostgreSQL detects the cycle after deadlock_timeout
+// (1 s by default) and aborts one transaction with SQLSTATE 40P01, which Enqueue returns
+// as an *OrderingKeyDeadlockError: the aborted transaction rolls back and can run
+// again, and the other goes on. Producers that enqueue all of a transaction's ordered
+// events in one call, or always in the same key order, never meet it.
 const keyLock = "SELECT pg_advisory_xact_lock(hashtextextended('oncekit.outbox.key.' || $1::text, 0))"
 
 // checkEvent checks an event's limits.
@@ -246,18 +316,56 @@ func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
 
 // Retry returns a dead event to the pending state with its attempts reset, so
 // dispatchers publish it again. It reports whether the event was dead.
+//
+// The event is enqueued anew: it takes its place at the end of the outbox order, after
+// every event enqueued before the retry, and so, under DispatcherConfig.Ordered, it is
+// published after the events of its key that overtook it while it was dead and after
+// those in flight, never alongside them. Like Enqueue, it takes its ordering key's lock,
+// so it waits for a producer of the key whose transaction is open.
 func (o *Outbox) Retry(ctx context.Context, id uuid.UUID) (bool, error) {
-	tag, err := o.pool.Exec(ctx, `UPDATE `+o.t+` SET state = 'pending', attempts = 0, available_at = now(), last_error = NULL
-		WHERE id = $1 AND state = 'dead'`, id)
+	retried := false
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		var key *string
+		err := tx.QueryRow(ctx, `SELECT ordering_key FROM `+o.t+` WHERE id = $1 AND state = 'dead'`, id).Scan(&key)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		if key != nil {
+			b.Queue(keyLock, o.schema+"."+*key)
+		}
+		// seq = DEFAULT: a new place in the outbox order, under the key's lock.
+		b.Queue(`UPDATE `+o.t+` SET state = 'pending', attempts = 0, available_at = now(), last_error = NULL, seq = DEFAULT
+			WHERE id = $1 AND state = 'dead'`, id).Exec(func(tag pgconn.CommandTag) error {
+			retried = tag.RowsAffected() == 1
+			return nil
+		})
+		b.Queue(`SELECT pg_notify($1, '')`, o.channel)
+		return tx.SendBatch(ctx, b).Close()
+	})
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("oncekit/outbox: retry %s: %w", id, err)
 	}
-	_, _ = o.pool.Exec(ctx, `SELECT pg_notify($1, '')`, o.channel)
-	return tag.RowsAffected() == 1, nil
+	return retried, nil
 }
 
 // Stats counts events by state.
 type Stats struct{ Pending, Published, Dead int }
+
+// backlog counts the events not published, from the partial indexes of pending and of
+// dead events: its cost follows the backlog, not the published events the table keeps
+// until they are purged.
+func (o *Outbox) backlog(ctx context.Context) (pending, dead int64, err error) {
+	err = o.pool.QueryRow(ctx, o.backlogSQL()).Scan(&pending, &dead)
+	return pending, dead, err
+}
+
+func (o *Outbox) backlogSQL() string {
+	return `SELECT (SELECT count(*) FROM ` + o.t + ` WHERE state = 'pending'), (SELECT count(*) FROM ` + o.t + ` WHERE state = 'dead')`
+}
 
 // Stats counts the events in each state.
 func (o *Outbox) Stats(ctx context.Context) (Stats, error) {

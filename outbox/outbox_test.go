@@ -27,7 +27,11 @@ import (
 	"github.com/oncekit/oncekit/testsuite"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	// A child process of TestHistoryOutbox runs a dispatcher until it is killed.
+	testsuite.RunWorkerProcess(map[string]testsuite.WorkerMain{historyChild: runHistoryChild})
+	pgtest.Main(m)
+}
 
 type bundle struct {
 	pool   *pgxpool.Pool

@@ -2,12 +2,16 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"time"
 
+	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncekit/oncekit/internal/otelx"
@@ -16,12 +20,17 @@ import (
 // InstrumentationName names the meter and tracer of the outbox.
 const InstrumentationName = "github.com/oncekit/oncekit/outbox"
 
-// AttrTopic is the attribute carrying an event's topic on the outbox's metrics and
-// spans; spans also carry AttrEventID.
+// AttrTopic is the attribute carrying an event's topic on the outbox's metrics and log
+// lines, which also carry AttrEventID. Spans carry the OpenTelemetry messaging
+// attributes instead: messaging.destination.name for the topic, messaging.message.id for
+// the event ID.
 const (
 	AttrTopic   = "oncekit.topic"
 	AttrEventID = "oncekit.event_id"
 )
+
+// MessagingSystem is the messaging.system attribute of the outbox's spans.
+const MessagingSystem = "oncekit.outbox"
 
 type telemetry struct {
 	metrics   bool
@@ -31,12 +40,16 @@ type telemetry struct {
 	purged    metric.Int64Counter
 	duration  metric.Float64Histogram
 	tracer    trace.Tracer
+	prop      propagation.TextMapPropagator
 	log       *slog.Logger
 }
 
 func newTelemetry(c *Config, o *Outbox) (*telemetry, error) {
 	setup := otelx.New(InstrumentationName, c.MeterProvider, c.TracerProvider, c.Logger)
-	t := &telemetry{log: setup.Log, tracer: setup.Tracer}
+	t := &telemetry{log: setup.Log, tracer: setup.Tracer, prop: c.Propagator}
+	if t.prop == nil {
+		t.prop = propagation.TraceContext{}
+	}
 	m := setup.Meter
 	if m == nil {
 		return t, nil
@@ -50,17 +63,17 @@ func newTelemetry(c *Config, o *Outbox) (*telemetry, error) {
 	if in.Err != nil {
 		return nil, in.Err
 	}
-	// The backlog is read from the table when the metrics are collected: one count query
-	// per collection.
+	// The backlog is counted when the metrics are collected, from the partial indexes of
+	// pending and dead events: published events are not read.
 	if _, err := m.Int64ObservableGauge("oncekit.outbox.backlog", metric.WithUnit("{event}"),
-		metric.WithDescription("Events by state (pending, dead), read at collection."),
+		metric.WithDescription("Events not published, by state (pending, dead), counted at collection."),
 		metric.WithInt64Callback(func(ctx context.Context, obs metric.Int64Observer) error {
-			st, err := o.Stats(ctx)
+			pending, dead, err := o.backlog(ctx)
 			if err != nil {
 				return err
 			}
-			obs.Observe(int64(st.Pending), metric.WithAttributes(attribute.String("oncekit.state", "pending")))
-			obs.Observe(int64(st.Dead), metric.WithAttributes(attribute.String("oncekit.state", "dead")))
+			obs.Observe(pending, metric.WithAttributes(attribute.String("oncekit.state", "pending")))
+			obs.Observe(dead, metric.WithAttributes(attribute.String("oncekit.state", "dead")))
 			return nil
 		})); err != nil {
 		return nil, err
@@ -69,12 +82,71 @@ func newTelemetry(c *Config, o *Outbox) (*telemetry, error) {
 	return t, nil
 }
 
-// publication instruments one publication.
-func (t *telemetry) publication(ctx context.Context, e Event, publish func(ctx context.Context) error) error {
+func noEnd(error) {}
+
+// enqueue starts the span of an Enqueue call: the messaging "create" operation, whose
+// context each event keeps.
+func (t *telemetry) enqueue(ctx context.Context, events []Event, ids []uuid.UUID) (context.Context, func(error)) {
+	if t.tracer == nil {
+		return ctx, noEnd
+	}
+	attrs := []attribute.KeyValue{semconv.MessagingSystemKey.String(MessagingSystem),
+		semconv.MessagingOperationTypeCreate, semconv.MessagingOperationName("enqueue")}
+	if len(events) == 1 {
+		attrs = append(attrs, semconv.MessagingDestinationName(events[0].Topic),
+			semconv.MessagingMessageBodySize(len(events[0].Payload)), semconv.MessagingMessageID(ids[0].String()))
+	} else {
+		attrs = append(attrs, semconv.MessagingBatchMessageCount(len(events)))
+	}
+	ctx, span := t.tracer.Start(ctx, "oncekit.outbox.enqueue", trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	return ctx, func(err error) {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
+}
+
+// traceContext is the trace context to keep with the events enqueued in ctx, as JSON, or
+// nil when the propagator writes nothing.
+func (t *telemetry) traceContext(ctx context.Context) any {
+	carrier := propagation.MapCarrier{}
+	t.prop.Inject(ctx, carrier)
+	if len(carrier) == 0 {
+		return nil
+	}
+	return map[string]string(carrier)
+}
+
+// link is the span context of the Enqueue that created an event, from the trace context
+// kept with it.
+func (t *telemetry) link(traceContext []byte) (trace.SpanContext, bool) {
+	if len(traceContext) == 0 {
+		return trace.SpanContext{}, false
+	}
+	var carrier propagation.MapCarrier
+	if err := json.Unmarshal(traceContext, &carrier); err != nil {
+		return trace.SpanContext{}, false
+	}
+	sc := trace.SpanContextFromContext(t.prop.Extract(context.Background(), carrier))
+	return sc, sc.IsValid()
+}
+
+// publication instruments one publication: the messaging "send" operation. Its span
+// links to the Enqueue that created the event; it is a client span, since the creation
+// context is that Enqueue's.
+func (t *telemetry) publication(ctx context.Context, e claimed, publish func(ctx context.Context) error) error {
 	var span trace.Span
 	if t.tracer != nil {
-		ctx, span = t.tracer.Start(ctx, "oncekit.outbox.publish", trace.WithSpanKind(trace.SpanKindProducer),
-			trace.WithAttributes(attribute.String(AttrTopic, e.Topic), attribute.String(AttrEventID, e.ID.String())))
+		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+			semconv.MessagingSystemKey.String(MessagingSystem), semconv.MessagingOperationTypeSend,
+			semconv.MessagingOperationName("publish"), semconv.MessagingDestinationName(e.Topic),
+			semconv.MessagingMessageID(e.ID.String()), semconv.MessagingMessageBodySize(len(e.Payload)))}
+		if sc, ok := t.link(e.traceContext); ok {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+		}
+		ctx, span = t.tracer.Start(ctx, "oncekit.outbox.publish", opts...)
 	}
 	start := time.Now()
 	err := publish(ctx)

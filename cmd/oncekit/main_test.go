@@ -113,7 +113,7 @@ func TestCommand_EndToEnd(t *testing.T) {
 
 	r = oncekit(t, env, "status", s)
 	require.Equal(t, 0, r.code, r.errOut)
-	for _, want := range []string{"migrations", "ledger 2, webhook 1, inbox 1, outbox 2", "completed  orders.create", "pending    payments.charge  1",
+	for _, want := range []string{"migrations", "ledger 2, webhook 1, inbox 1, outbox 3", "completed  orders.create", "pending    payments.charge  1",
 		"stuck (lease ran out)    1", "expired, awaiting purge  1", "0 pending, 0 published, 1 dead"} {
 		require.Contains(t, r.out, want)
 	}
