@@ -13,20 +13,51 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/oncekit/oncekit/internal/config"
 	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/internal/pipetx"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 )
 
-// RetentionDefault is how long handled messages are remembered: longer than any broker
-// keeps redelivering.
-const RetentionDefault = 14 * 24 * time.Hour
+// Defaults of [Config] and [PurgeOpts].
+const (
+	// SchemaDefault is the schema the inbox's table lives in: the schema of every
+	// oncekit table.
+	SchemaDefault = config.SchemaDefault
+	// RetentionDefault is how long handled messages are remembered: longer than any
+	// broker keeps redelivering, and as long as the ledger keeps its records.
+	RetentionDefault = 30 * 24 * time.Hour
+	// PurgeBatchDefault is how many records one purge statement deletes at most.
+	PurgeBatchDefault = config.PurgeBatchDefault
+)
+
+// Mode is when a message's record is answered, relative to the handler.
+type Mode int
+
+const (
+	// ModeRecordFirst, the zero Mode, records the message in a round trip of its own,
+	// with BEGIN and a savepoint, and the answer arrives before the handler is called:
+	// a duplicate never calls it. A first delivery whose handler sends one statement
+	// takes the three round trips of pgx.BeginFunc.
+	ModeRecordFirst Mode = iota
+	// ModeRecordWithFirstStatement sends BEGIN, the message's record and the savepoint
+	// in the round trip of the handler's first statement: a first delivery whose
+	// handler sends one statement takes two round trips. For a duplicate the handler is
+	// called, and its first statement, and every later one, returns [ErrDuplicate]
+	// without running: nothing it sends through tx takes effect, and the result is
+	// Duplicate whatever it returns. A duplicate then costs four round trips instead of
+	// two (its batch failed, so the rollback goes alone, and pgx drops the batch's
+	// cached statements, which costs the connection's next delivery one more). Use it
+	// only for handlers that act through tx alone and do not mind being called for a
+	// duplicate; handlers that do can share a pool with these through a second Inbox.
+	ModeRecordWithFirstStatement
+)
 
 // Config configures an [Inbox]. A nil *Config means all defaults.
 type Config struct {
 	// Schema holds the inbox table, as given to migrate.Up. Defaults to
-	// ledger.SchemaDefault.
+	// [SchemaDefault].
 	Schema string
 	// Retention is how long a handled message is remembered; a negative one is refused.
 	// Defaults to [RetentionDefault].
@@ -39,30 +70,21 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 	// Logger receives a line per purge. Defaults to discarding it.
 	Logger *slog.Logger
-	// FirstAttempt says most deliveries are first ones, and trades the record's answer
-	// before the handler runs for speed, as ledger.DoOpts.FirstAttempt does in DoTx:
-	// BEGIN, the message's record and the savepoint travel in the round trip of the
-	// handler's first statement instead of one of their own, so a first delivery whose
-	// handler sends one statement takes two round trips, one fewer than pgx.BeginFunc
-	// with that statement alone. For a duplicate the handler is called, and its first
-	// statement, and every later one, returns [ErrDuplicate] without running: nothing
-	// it sends through tx takes effect, and the result is Duplicate whatever it
-	// returns. A duplicate then costs four round trips instead of two (its batch
-	// failed, so the rollback goes alone, and pgx drops the batch's cached statements,
-	// which costs the connection's next delivery one more).
-	//
-	// Use it only for handlers that act through tx alone, and that do not mind being
-	// called for a duplicate (they should return the error of a failed statement, as
-	// usual). Defaults to false: the record's answer arrives before the handler is
-	// called, and a duplicate never calls it. Handlers that need that can share a pool
-	// with FirstAttempt ones through a second Inbox.
-	FirstAttempt bool
+	// Mode is when the message's record is answered, relative to the handler.
+	// Defaults to [ModeRecordFirst]: before the handler is called.
+	Mode Mode
 }
 
-// ErrDuplicate is what the statements of a handler return under Config.FirstAttempt when
-// the message turns out to have been handled before. Return it (or any error): the
-// inbox reports the delivery as a duplicate either way.
-var ErrDuplicate = errors.New("oncekit/inbox: the message was handled before: return this error")
+// Errors of the inbox.
+var (
+	// ErrDuplicate is what the statements of a handler return under
+	// ModeRecordWithFirstStatement when the message turns out to have been handled
+	// before. Return it (or any error): the inbox reports the delivery as a duplicate
+	// either way.
+	ErrDuplicate = errors.New("oncekit/inbox: the message was handled before: return this error")
+	// ErrNilHandler: Handle or HandleTx was given no handler.
+	ErrNilHandler = errors.New("oncekit/inbox: nil handler: pass the function that handles the message")
+)
 
 // Inbox tracks processed messages.
 type Inbox struct {
@@ -77,15 +99,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
 	if pool == nil {
 		return nil, errors.New("oncekit/inbox: New needs a pool")
 	}
-	c := Config{}
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.Schema == "" {
-		c.Schema = ledger.SchemaDefault
-	}
-	if c.Retention == 0 {
-		c.Retention = RetentionDefault
+	c := config.Of(cfg)
+	c.Schema = config.Or(c.Schema, SchemaDefault)
+	c.Retention = config.Or(c.Retention, RetentionDefault)
+	if c.Mode < ModeRecordFirst || c.Mode > ModeRecordWithFirstStatement {
+		return nil, fmt.Errorf("oncekit/inbox: Config.Mode %d is not a Mode: use ModeRecordFirst or ModeRecordWithFirstStatement", int(c.Mode))
 	}
 	if c.Retention < 0 {
 		return nil, fmt.Errorf("oncekit/inbox: Config.Retention %s is negative: it would make every record born expired and every duplicate handled again; use 0 for the default (%s)", c.Retention, RetentionDefault)
@@ -125,7 +143,7 @@ func (ib *Inbox) Handle(ctx context.Context, subscriber, messageID string, fn Ha
 	}
 	defer conn.Release()
 	c := conn.Conn()
-	if ib.cfg.FirstAttempt {
+	if ib.cfg.Mode == ModeRecordWithFirstStatement {
 		return ib.handleFirst(ctx, c, subscriber, messageID, fn)
 	}
 	// BEGIN, the record and the savepoint that fences fn travel in one round trip, as
@@ -185,7 +203,7 @@ func (ib *Inbox) HandleTx(ctx context.Context, tx pgx.Tx, subscriber, messageID 
 		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_inbox; RELEASE SAVEPOINT oncekit_inbox")
 		return err
 	}
-	if ib.cfg.FirstAttempt {
+	if ib.cfg.Mode == ModeRecordWithFirstStatement {
 		return ib.handleTxFirst(ctx, tx, subscriber, messageID, fn, undo)
 	}
 	b := &pgx.Batch{}
@@ -209,7 +227,7 @@ func (ib *Inbox) HandleTx(ctx context.Context, tx pgx.Tx, subscriber, messageID 
 		}, undo)
 }
 
-// handleFirst is Handle under Config.FirstAttempt, on the held connection c.
+// handleFirst is Handle under ModeRecordWithFirstStatement, on the held connection c.
 func (ib *Inbox) handleFirst(ctx context.Context, c *pgx.Conn, subscriber, messageID string, fn HandlerFunc) (res Result, err error) {
 	p := ib.pipe(c, true, subscriber, messageID)
 	res, err = ib.run(ctx, p, subscriber, messageID, fn,
@@ -242,8 +260,8 @@ func rollback(ctx context.Context, c *pgx.Conn) error {
 	return err
 }
 
-// handleTxFirst is HandleTx under Config.FirstAttempt; undo rolls back to where the
-// call began.
+// handleTxFirst is HandleTx under ModeRecordWithFirstStatement; undo rolls back to
+// where the call began.
 func (ib *Inbox) handleTxFirst(ctx context.Context, tx pgx.Tx, subscriber, messageID string, fn HandlerFunc,
 	undo func(context.Context) error) (Result, error) {
 	p := ib.pipe(tx, false, subscriber, messageID)
@@ -265,7 +283,7 @@ func (ib *Inbox) handleTxFirst(ctx context.Context, tx pgx.Tx, subscriber, messa
 	return ib.duplicate(ctx, tx, subscriber, messageID)
 }
 
-// pipe is the transaction a FirstAttempt handler runs in: the message's record, fenced
+// pipe is the transaction a ModeRecordWithFirstStatement handler runs in: the message's record, fenced
 // by savepoints, travels with the handler's first statement (and BEGIN when begin is
 // set; otherwise a savepoint to undo the call to).
 func (ib *Inbox) pipe(via pipetx.Sender, begin bool, subscriber, messageID string) *pipetx.Tx {
@@ -386,24 +404,39 @@ func newQueries(schema string) queries {
 
 // PurgeOpts are options of [Inbox.Purge]. A nil *PurgeOpts means all defaults.
 type PurgeOpts struct {
-	// BatchSize bounds one statement. Defaults to ledger.PurgeBatchDefault.
+	// BatchSize is the most records one statement deletes, which bounds how long it
+	// holds locks. Defaults to [PurgeBatchDefault].
 	BatchSize int
+	// MaxBatches stops the purge after this many statements; 0 runs until no expired
+	// record is left. Defaults to 0.
+	MaxBatches int
 }
 
-// Purge deletes expired records in batches; many purgers may run at once.
-func (ib *Inbox) Purge(ctx context.Context, opts *PurgeOpts) (int64, error) {
-	n := ledger.PurgeBatchDefault
-	if opts != nil && opts.BatchSize > 0 {
-		n = opts.BatchSize
+// PurgeResult reports what [Inbox.Purge] deleted.
+type PurgeResult struct {
+	Deleted int64
+	Batches int
+}
+
+// Purge deletes expired records in batches, oldest first; many purgers may run at once.
+func (ib *Inbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
+	o := config.Of(opts)
+	if o.BatchSize < 0 || o.MaxBatches < 0 {
+		return PurgeResult{}, errors.New("oncekit/inbox: PurgeOpts values must not be negative")
 	}
-	deleted, _, err := pgsql.Purge(ctx, ib.pool, ib.q.purge, n, 0)
-	ib.tel.purge(ctx, deleted)
-	return deleted, err
+	var res PurgeResult
+	var err error
+	res.Deleted, res.Batches, err = pgsql.Purge(ctx, ib.pool, ib.q.purge, config.Or(o.BatchSize, PurgeBatchDefault), o.MaxBatches)
+	ib.tel.purge(ctx, res.Deleted)
+	if err != nil {
+		return res, fmt.Errorf("oncekit/inbox: purge: %w", err)
+	}
+	return res, nil
 }
 
 func validate(subscriber, messageID string, fn HandlerFunc) error {
 	if fn == nil {
-		return ledger.ErrNilFunc
+		return ErrNilHandler
 	}
 	var ve *keys.ValidationError
 	if err := (keys.Scope{Tenant: subscriber, Operation: "inbox"}).Validate(); errors.As(err, &ve) {

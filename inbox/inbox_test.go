@@ -113,14 +113,14 @@ func TestInbox_RejectedMessage(t *testing.T) {
 }
 
 // Many consumers receive the same message at once: one effect, and every other delivery
-// a duplicate; with and without FirstAttempt.
+// a duplicate; in both modes.
 func TestInbox_ConcurrentDeliveries(t *testing.T) {
 	t.Parallel()
 	_, pool := setup(t)
 	ctx := context.Background()
 	schema := schemaOf(t, pool)
 	for _, first := range []bool{false, true} {
-		ib, err := inbox.New(pool, &inbox.Config{Schema: schema, FirstAttempt: first})
+		ib, err := inbox.New(pool, &inbox.Config{Schema: schema, Mode: modeOf(first)})
 		require.NoError(t, err)
 		msg := fmt.Sprintf("msg-race-%v", first)
 		var handled, dups atomic.Int32
@@ -140,8 +140,8 @@ func TestInbox_ConcurrentDeliveries(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		require.Equal(t, int32(1), handled.Load(), "FirstAttempt %v", first)
-		require.Equal(t, int32(31), dups.Load(), "FirstAttempt %v", first)
+		require.Equal(t, int32(1), handled.Load(), "record with first statement %v", first)
+		require.Equal(t, int32(31), dups.Load(), "record with first statement %v", first)
 		testsuite.RequireExactlyOnce(t.Context(), t, pool, `SELECT count(*) FROM credits WHERE message = $1`, msg)
 	}
 }
@@ -173,18 +173,27 @@ func TestInbox_BadInputAndPurge(t *testing.T) {
 	_, err = ib.Handle(ctx, "billing", "bad\nid", credit("m"))
 	require.Error(t, err)
 	_, err = ib.Handle(ctx, "billing", "m", nil)
-	require.ErrorIs(t, err, ledger.ErrNilFunc)
+	require.ErrorIs(t, err, inbox.ErrNilHandler)
 	for i := range 30 {
 		_, err := ib.Handle(ctx, "billing", fmt.Sprintf("old-%d", i), credit("x"))
 		require.NoError(t, err)
 	}
 	_, err = pool.Exec(ctx, `UPDATE inbox_messages SET expires_at = now() - interval '1 second'`)
 	require.NoError(t, err)
-	n, err := ib.Purge(ctx, &inbox.PurgeOpts{BatchSize: 7})
+	purged, err := ib.Purge(ctx, &inbox.PurgeOpts{BatchSize: 7})
 	require.NoError(t, err)
-	require.Equal(t, int64(30), n)
+	require.Equal(t, int64(30), purged.Deleted)
+	require.Equal(t, 5, purged.Batches, "30 records in batches of 7")
 	// An expired record counts as absent: a late redelivery is handled again.
 	res, err := ib.Handle(ctx, "billing", "old-1", credit("late"))
 	require.NoError(t, err)
 	require.False(t, res.Duplicate)
+}
+
+// modeOf is ModeRecordWithFirstStatement when withFirst is set, else the default.
+func modeOf(withFirst bool) inbox.Mode {
+	if withFirst {
+		return inbox.ModeRecordWithFirstStatement
+	}
+	return inbox.ModeRecordFirst
 }

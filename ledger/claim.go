@@ -20,7 +20,7 @@ type ClaimOpts struct {
 	// it longer than the external call can take. Defaults to [Config].Lease.
 	Lease time.Duration
 	// Wait bounds how long the call waits for another attempt's live claim to finish.
-	// Defaults to [WaitDefault]: fail fast with an [*InProgressError]; [NoWait] too.
+	// Defaults to 0: fail fast with an [*InProgressError], as [NoWait] does.
 	Wait time.Duration
 	// Retention overrides how long the record is kept. Defaults to the operation's
 	// retention from [Config].

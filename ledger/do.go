@@ -99,8 +99,7 @@ type DoOpts struct {
 	// call takes the key and runs fn; otherwise the call returns an [*InProgressError].
 	// A context deadline that comes first ends the wait too, and the call returns the
 	// context's error with DoTx's transaction usable. Waits beyond [MaxWait] are cut to
-	// it. Defaults to [WaitDefault]: fail fast; [NoWait] (any negative value) fails fast
-	// too.
+	// it. Defaults to 0: fail fast, as [NoWait] (any negative value) does.
 	Wait time.Duration
 	// Retention overrides how long this record is kept. Defaults to the operation's
 	// retention from [Config].

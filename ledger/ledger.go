@@ -12,13 +12,15 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/oncekit/oncekit/internal/config"
 	"github.com/oncekit/oncekit/keys"
 )
 
 // Defaults of [Config] and the per-call options.
 const (
-	// SchemaDefault is the schema the ledger's table lives in.
-	SchemaDefault = "oncekit"
+	// SchemaDefault is the schema the ledger's table lives in: the schema of every
+	// oncekit table.
+	SchemaDefault = config.SchemaDefault
 	// RetentionDefault is how long a record is kept: long enough to outlive client
 	// retries, broker redelivery, webhook replay and operator replays of a week-long
 	// business process. Set a longer one per operation for settlement-length horizons.
@@ -35,13 +37,11 @@ const (
 	// MaxWait is the longest wait for a concurrent duplicate: PostgreSQL's longest
 	// lock_timeout (2^31-1 ms, about 24.8 days). Longer waits are cut to it.
 	MaxWait = maxLockTimeout
-	// WaitDefault is how long a call waits for a concurrent duplicate to finish before it
-	// returns an [*InProgressError]: not at all.
-	WaitDefault = time.Duration(0)
 	// NoWait, or any negative duration, means "do not wait" wherever oncekit takes a
 	// wait: ledger.DoOpts.Wait and ClaimOpts.Wait, activity.Opts.Wait, the Wait of the
 	// HTTP middleware and the webhook receiver, webhook.Config.ReadSlotWait. Zero always
-	// means the default, which each field documents.
+	// means the default, which each field documents; the ledger's own waits default to
+	// none at all.
 	NoWait = time.Duration(-1)
 )
 
@@ -104,25 +104,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Ledger, error) {
 	if pool == nil {
 		return nil, errors.New("oncekit/ledger: New needs a pool")
 	}
-	c := Config{}
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.Schema == "" {
-		c.Schema = SchemaDefault
-	}
-	if c.Retention == 0 {
-		c.Retention = RetentionDefault
-	}
-	if c.Lease == 0 {
-		c.Lease = LeaseDefault
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = MaxBodyDefault
-	}
-	if c.MaxKeyLen == 0 {
-		c.MaxKeyLen = keys.MaxLenDefault
-	}
+	c := config.Of(cfg)
+	c.Schema = config.Or(c.Schema, SchemaDefault)
+	c.Retention = config.Or(c.Retention, RetentionDefault)
+	c.Lease = config.Or(c.Lease, LeaseDefault)
+	c.MaxBodyBytes = config.Or(c.MaxBodyBytes, MaxBodyDefault)
+	c.MaxKeyLen = config.Or(c.MaxKeyLen, keys.MaxLenDefault)
 	if c.Retention < 0 || c.Lease < 0 || c.MaxBodyBytes < 0 || c.MaxKeyLen < 0 {
 		return nil, errors.New("oncekit/ledger: Config durations and limits must not be negative")
 	}

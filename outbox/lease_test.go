@@ -361,26 +361,42 @@ func TestEnqueue_OppositeKeyOrderDeadlockIsTyped(t *testing.T) {
 	defer tx2.Rollback(ctx)
 	require.NoError(t, enqueue(tx1, "a"))
 	require.NoError(t, enqueue(tx2, "b"))
-	errs := []chan error{make(chan error, 1), make(chan error, 1)}
-	go func() { errs[0] <- enqueue(tx1, "b") }()
-	go func() { errs[1] <- enqueue(tx2, "a") }()
-	// The first to answer is the one PostgreSQL aborted; its rollback lets the other go on.
-	var other pgx.Tx
-	var err1 error
-	select {
-	case err1 = <-errs[0]:
-		require.Error(t, err1)
-		require.NoError(t, tx1.Rollback(ctx))
-		require.NoError(t, <-errs[1])
-		other = tx2
-	case err1 = <-errs[1]:
-		require.Error(t, err1)
-		require.NoError(t, tx2.Rollback(ctx))
-		require.NoError(t, <-errs[0])
-		other = tx1
-	case <-time.After(30 * time.Second):
-		t.Fatal("no deadlock reported")
+	// Each producer that PostgreSQL aborts rolls back at once, as a retry loop would,
+	// which lets the other go on.
+	type outcome struct {
+		tx  pgx.Tx
+		err error
 	}
+	done := make(chan outcome, 2)
+	for _, p := range []struct {
+		tx  pgx.Tx
+		key string
+	}{{tx1, "b"}, {tx2, "a"}} {
+		go func() {
+			err := enqueue(p.tx, p.key)
+			if err != nil {
+				_ = p.tx.Rollback(ctx)
+			}
+			done <- outcome{p.tx, err}
+		}()
+	}
+	var err1 error
+	var other pgx.Tx
+	for range 2 {
+		select {
+		case o := <-done:
+			if o.err != nil {
+				require.Nil(t, err1, "only one producer is aborted")
+				err1 = o.err
+			} else {
+				other = o.tx
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("no deadlock reported")
+		}
+	}
+	require.Error(t, err1, "one producer was aborted")
+	require.NotNil(t, other, "the other went on")
 	require.ErrorIs(t, err1, outbox.ErrOrderingKeyDeadlock)
 	var de *outbox.OrderingKeyDeadlockError
 	require.ErrorAs(t, err1, &de)

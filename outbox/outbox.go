@@ -20,8 +20,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/oncekit/oncekit/internal/config"
 	"github.com/oncekit/oncekit/internal/pgsql"
-	"github.com/oncekit/oncekit/ledger"
 )
 
 // Event is one message to publish.
@@ -45,7 +45,7 @@ type Event struct {
 // Config configures an [Outbox]. A nil *Config means all defaults.
 type Config struct {
 	// Schema holds the outbox table, as given to migrate.Up. Defaults to
-	// ledger.SchemaDefault.
+	// [SchemaDefault].
 	Schema string
 	// MeterProvider receives the outbox's metrics: publications, failures, dead events,
 	// publication durations, and the backlog (counted at each collection from the
@@ -82,14 +82,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 	if pool == nil {
 		return nil, errors.New("oncekit/outbox: New needs a pool")
 	}
-	c := Config{}
-	if cfg != nil {
-		c = *cfg
-	}
-	schema := ledger.SchemaDefault
-	if c.Schema != "" {
-		schema = c.Schema
-	}
+	c := config.Of(cfg)
+	schema := config.Or(c.Schema, SchemaDefault)
 	o := &Outbox{pool: pool, schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(), channel: channelName(schema)}
 	var err error
 	if o.tel, err = newTelemetry(&c, o); err != nil {
@@ -375,11 +369,52 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 	return s, err
 }
 
-// PurgePublished deletes events published before the given time, in batches of
-// ledger.PurgeBatchDefault; many purgers may run at once.
-func (o *Outbox) PurgePublished(ctx context.Context, before time.Time) (int64, error) {
-	deleted, _, err := pgsql.Purge(ctx, o.pool, pgsql.PurgeSQL(o.t, "state = 'published' AND published_at < $2", "seq"),
-		ledger.PurgeBatchDefault, 0, before)
-	o.tel.purge(ctx, deleted)
-	return deleted, err
+// Defaults of [Config] and [PurgeOpts].
+const (
+	// SchemaDefault is the schema the outbox's table lives in: the schema of every
+	// oncekit table.
+	SchemaDefault = config.SchemaDefault
+	// PublishedRetentionDefault is how long a published event is kept before a purge
+	// may delete it: long enough to look into what was published last week.
+	PublishedRetentionDefault = 7 * 24 * time.Hour
+	// PurgeBatchDefault is how many events one purge statement deletes at most.
+	PurgeBatchDefault = config.PurgeBatchDefault
+)
+
+// PurgeOpts are options of [Outbox.Purge]. A nil *PurgeOpts means all defaults.
+type PurgeOpts struct {
+	// PublishedRetention is how long a published event is kept: the purge deletes
+	// events published longer ago. Defaults to [PublishedRetentionDefault].
+	PublishedRetention time.Duration
+	// BatchSize is the most events one statement deletes, which bounds how long it
+	// holds locks. Defaults to [PurgeBatchDefault].
+	BatchSize int
+	// MaxBatches stops the purge after this many statements; 0 runs until no such event
+	// is left. Defaults to 0.
+	MaxBatches int
+}
+
+// PurgeResult reports what [Outbox.Purge] deleted.
+type PurgeResult struct {
+	Deleted int64
+	Batches int
+}
+
+// Purge deletes published events older than the retention, in batches, oldest first;
+// many purgers may run at once. Pending and dead events are never purged.
+func (o *Outbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
+	c := config.Of(opts)
+	if c.PublishedRetention < 0 || c.BatchSize < 0 || c.MaxBatches < 0 {
+		return PurgeResult{}, errors.New("oncekit/outbox: PurgeOpts values must not be negative")
+	}
+	before := time.Now().Add(-config.Or(c.PublishedRetention, PublishedRetentionDefault))
+	var res PurgeResult
+	var err error
+	res.Deleted, res.Batches, err = pgsql.Purge(ctx, o.pool, pgsql.PurgeSQL(o.t, "state = 'published' AND published_at < $2", "seq"),
+		config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, before)
+	o.tel.purge(ctx, res.Deleted)
+	if err != nil {
+		return res, fmt.Errorf("oncekit/outbox: purge: %w", err)
+	}
+	return res, nil
 }

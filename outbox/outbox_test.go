@@ -335,9 +335,9 @@ func TestOutbox_BadInput(t *testing.T) {
 	require.Error(t, err)
 }
 
-// PurgePublished deletes published events older than the cut-off, in batches, and
-// leaves pending ones and newer ones.
-func TestOutbox_PurgePublished(t *testing.T) {
+// Purge deletes published events older than the retention, in batches, and leaves
+// pending ones and newer ones.
+func TestOutbox_Purge(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
@@ -346,12 +346,14 @@ func TestOutbox_PurgePublished(t *testing.T) {
 	}
 	b.drain(t, b.dispatcher(t, outbox.PublisherFunc(func(context.Context, outbox.Event) error { return nil }), nil))
 	pending := b.produce(t, "acc-pending", 1)
-	n, err := b.out.PurgePublished(ctx, time.Now().Add(-time.Hour))
+	res, err := b.out.Purge(ctx, &outbox.PurgeOpts{PublishedRetention: time.Hour})
 	require.NoError(t, err)
-	require.Zero(t, n, "nothing was published before the cut-off")
-	n, err = b.out.PurgePublished(ctx, time.Now().Add(time.Minute))
+	require.Zero(t, res.Deleted, "nothing was published an hour ago")
+	res, err = b.out.Purge(ctx, &outbox.PurgeOpts{PublishedRetention: time.Nanosecond, BatchSize: 2})
 	require.NoError(t, err)
-	require.EqualValues(t, 3, n)
+	require.Equal(t, outbox.PurgeResult{Deleted: 3, Batches: 2}, res)
+	_, err = b.out.Purge(ctx, &outbox.PurgeOpts{BatchSize: -1})
+	require.Error(t, err, "negative options are refused")
 	st, err := b.out.Stats(ctx)
 	require.NoError(t, err)
 	require.Equal(t, outbox.Stats{Pending: 1}, st)

@@ -58,7 +58,7 @@ func newTelemetry(c *Config, o *Outbox) (*telemetry, error) {
 	t.published = in.Counter("oncekit.outbox.published", "{event}", "Events published, by topic.")
 	t.failed = in.Counter("oncekit.outbox.publish.failed", "{event}", "Failed publications, retried later or moved to dead.")
 	t.dead = in.Counter("oncekit.outbox.dead", "{event}", "Events moved to the dead state.")
-	t.purged = in.Counter("oncekit.outbox.purge.deleted", "{event}", "Published events deleted by PurgePublished.")
+	t.purged = in.Counter("oncekit.outbox.purge.deleted", "{event}", "Published events deleted by Purge.")
 	t.duration = in.Histogram("oncekit.outbox.publish.duration", "Duration of one publication.")
 	if in.Err != nil {
 		return nil, in.Err

@@ -36,7 +36,7 @@ type Case[Req any] struct {
 	Ledger *ledger.Ledger
 	// Tenant is the activity's tenant. Each crash point runs under its own tenant, so
 	// that one point's record is not replayed by the next: Tenant (default
-	// [TenantDefault]) followed by a random suffix.
+	// [TenantPrefix]) followed by a random suffix.
 	Tenant string
 	// Effects counts the activity's effect where it lands, such as
 	// "SELECT count(*) FROM charges WHERE order_id = $1" through [Count]; for an external
@@ -151,7 +151,7 @@ func runPoint[Req any](c Case[Req], point CrashPoint) (Report, bool, error) {
 	firstKey := c.Provider.mark()
 	tenant := c.Tenant
 	if tenant == "" {
-		tenant = TenantDefault
+		tenant = TenantPrefix
 	}
 	plan := NewFaultPlan().CrashAt(c.Name, point, 1)
 	env := NewWorkflowEnvironment(&EnvConfig{Ledger: c.Ledger, Tenant: tenant + "-" + uuid.NewString()[:8], Faults: plan})

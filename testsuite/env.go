@@ -18,11 +18,11 @@ import (
 	"github.com/oncekit/oncekit/worker"
 )
 
-// TenantDefault prefixes the tenant of test environments that name none. Each
+// TenantPrefix begins the tenant of test environments that name none. Each
 // environment gets its own tenant ("test-" and a random suffix), because Temporal's
 // in-memory environment gives every workflow the same run ID, and run-scoped keys of two
 // environments on one ledger would otherwise collide.
-const TenantDefault = "test"
+const TenantPrefix = "test"
 
 // EnvConfig configure [NewWorkflowEnvironment]. A nil *EnvConfig means all defaults.
 type EnvConfig struct {
@@ -30,7 +30,7 @@ type EnvConfig struct {
 	// activities do not use oncekit.
 	Ledger *ledger.Ledger
 	// Tenant is every activity's tenant unless the workflow carries one. Defaults to
-	// [TenantDefault].
+	// [TenantPrefix].
 	Tenant string
 	// Faults is the fault plan to carry out. Defaults to none.
 	Faults *FaultPlan
@@ -56,7 +56,7 @@ func NewWorkflowEnvironment(opts *EnvConfig) *ttestsuite.TestWorkflowEnvironment
 		o = *opts
 	}
 	if o.Tenant == "" {
-		o.Tenant = TenantDefault + "-" + uuid.NewString()[:8]
+		o.Tenant = TenantPrefix + "-" + uuid.NewString()[:8]
 	}
 	var s ttestsuite.WorkflowTestSuite
 	s.SetLogger(devenv.QuietLogger())

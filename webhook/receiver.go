@@ -62,7 +62,7 @@ type Delivery struct {
 // transaction, and reports whether it is newer than any applied before. Ignore the
 // delivery's change to entity when it reports false: a newer event came first.
 func (d Delivery) Newer(ctx context.Context, entity string, version int64) (bool, error) {
-	return d.ledger.AdvanceVersionTx(ctx, d.tx, d.scope, entity, version)
+	return advanceVersion(ctx, d.tx, d.ledger.Schema(), d.scope, entity, version)
 }
 
 // HandlerFunc processes a delivery inside the ledger's transaction tx. Return nil to
@@ -362,7 +362,7 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, scope keys.Scope)
 			return ledger.Response{}, err
 		}
 		return ledger.Response{Code: http.StatusOK}, nil
-	}, &ledger.DoOpts{Wait: c.Wait})
+	}, &ledger.DoOpts{Wait: c.Wait, Mode: ledger.ModeClaimFirst}) // the handler is never called for a redelivery
 	var derr *ledger.DefinitiveError
 	switch {
 	case err == nil && res.Replayed:

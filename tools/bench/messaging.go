@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/inbox"
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/outbox"
 )
 
@@ -51,9 +53,19 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 		return &pgx.QueuedQuery{SQL: `INSERT INTO inbox_floor (subscriber, message_id, received_at, expires_at) VALUES ('bench', $1, now(), now() + interval '14 days')`,
 			Arguments: []any{uuid.NewString()}}
 	}
-	first, err := inbox.New(pool, &inbox.Config{Schema: messagingSchema, FirstAttempt: true})
+	first, err := inbox.New(pool, &inbox.Config{Schema: messagingSchema, Mode: inbox.ModeRecordWithFirstStatement})
 	if err != nil {
 		return err
+	}
+	// The same handler under the ledger, the subscriber as the tenant and the message ID
+	// as the key: what an inbox built on the ledger would cost.
+	l, err := ledger.New(pool, &ledger.Config{Schema: messagingSchema})
+	if err != nil {
+		return err
+	}
+	fp, _ := keys.FingerprintJSON(nil)
+	onLedger := func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+		return ledger.Response{}, write(ctx, tx)
 	}
 	lat, err := interleave(ctx, b.rounds, b.opsPerRound, 1, []scenario{
 		{"bare", func(context.Context, int) error {
@@ -76,11 +88,17 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 			_, err := first.Handle(ctx, "bench", uuid.NewString(), func(ctx context.Context, tx pgx.Tx) error { return write(ctx, tx) })
 			return err
 		}},
+		{"inbox_on_ledger", func(context.Context, int) error {
+			_, err := l.Do(ctx, ledger.Intent{Scope: keys.Scope{Tenant: "bench", Operation: "inbox"}, Key: keys.Key(uuid.NewString()), Fingerprint: fp},
+				onLedger, nil)
+			return err
+		}},
 		// The floors of any inbox: the bare transaction plus one row shaped like an
 		// inbox record, with no dedup logic. inbox_floor sends the row with BEGIN, in a
 		// round trip of its own (3 in all, as the default inbox);
 		// inbox_floor_pipelined sends BEGIN, the row and the handler's statement in one
-		// (2, as FirstAttempt); inbox_floor_commit sends the row with COMMIT (3).
+		// (2, as ModeRecordWithFirstStatement); inbox_floor_commit sends the row with
+		// COMMIT (3).
 		// inbox_floor_lookup is inbox_floor_commit plus the cheapest answer an inbox
 		// could have before its handler runs: a read of the record, with BEGIN.
 		{"inbox_floor", func(context.Context, int) error {
@@ -104,6 +122,8 @@ func (b messagingBench) run(ctx context.Context, out io.Writer) error {
 	emit("outbox.enqueue_vs_bare", lat["enqueue"]/bare)
 	emit("inbox.handle_vs_bare", lat["inbox"]/bare)
 	emit("inbox.first_vs_bare", lat["inbox_first"]/bare)
+	emit("inbox.on_ledger_vs_bare", lat["inbox_on_ledger"]/bare)
+	emit("inbox.on_ledger_vs_first", lat["inbox_on_ledger"]/lat["inbox_first"])
 	emit("inbox.floor_vs_bare", lat["inbox_floor"]/bare)
 	emit("inbox.floor_pipelined_vs_bare", lat["inbox_floor_pipelined"]/bare)
 	emit("inbox.floor_commit_vs_bare", lat["inbox_floor_commit"]/bare)

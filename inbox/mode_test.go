@@ -15,21 +15,21 @@ import (
 	"github.com/oncekit/oncekit/testsuite"
 )
 
-// firstAttempt is an inbox with Config.FirstAttempt on pool, whose search_path is the
+// firstAttempt is an inbox with ModeRecordWithFirstStatement on pool, whose search_path is the
 // schema of setup.
 func firstAttempt(t *testing.T, pool *pgxpool.Pool) *inbox.Inbox {
 	t.Helper()
 	schema := schemaOf(t, pool)
-	ib, err := inbox.New(pool, &inbox.Config{Schema: schema, FirstAttempt: true})
+	ib, err := inbox.New(pool, &inbox.Config{Schema: schema, Mode: inbox.ModeRecordWithFirstStatement})
 	require.NoError(t, err)
 	return ib
 }
 
-// Under FirstAttempt a duplicate's handler is called, but nothing it sends runs: its
+// Under ModeRecordWithFirstStatement a duplicate's handler is called, but nothing it sends runs: its
 // statements return ErrDuplicate, the delivery is reported a duplicate whatever the
 // handler returns, and the effect exists once. In every exec mode, on fresh
 // connections.
-func TestInbox_FirstAttemptDuplicates(t *testing.T) {
+func TestInbox_RecordWithFirstStatementDuplicates(t *testing.T) {
 	t.Parallel()
 	setupModes(t, func(t *testing.T, _ *inbox.Inbox, pool *pgxpool.Pool) {
 		ib := firstAttempt(t, pool)
@@ -76,10 +76,10 @@ func TestInbox_FirstAttemptDuplicates(t *testing.T) {
 	})
 }
 
-// Under FirstAttempt a handler that sends nothing still records its message (the
+// Under ModeRecordWithFirstStatement a handler that sends nothing still records its message (the
 // record travels with COMMIT); a failed handler leaves no record; a definitive
 // rejection after a failed statement is recorded; in every exec mode.
-func TestInbox_FirstAttemptOutcomes(t *testing.T) {
+func TestInbox_RecordWithFirstStatementOutcomes(t *testing.T) {
 	t.Parallel()
 	setupModes(t, func(t *testing.T, _ *inbox.Inbox, pool *pgxpool.Pool) {
 		ib := firstAttempt(t, pool)
@@ -137,9 +137,9 @@ func TestInbox_FirstAttemptOutcomes(t *testing.T) {
 	})
 }
 
-// Under FirstAttempt, HandleTx joins the caller's transaction: a duplicate and a failure
+// Under ModeRecordWithFirstStatement, HandleTx joins the caller's transaction: a duplicate and a failure
 // each leave it usable with its earlier writes, in every exec mode.
-func TestInbox_FirstAttemptHandleTx(t *testing.T) {
+func TestInbox_RecordWithFirstStatementHandleTx(t *testing.T) {
 	t.Parallel()
 	setupModes(t, func(t *testing.T, _ *inbox.Inbox, pool *pgxpool.Pool) {
 		ib := firstAttempt(t, pool)
@@ -181,9 +181,9 @@ func TestInbox_FirstAttemptHandleTx(t *testing.T) {
 	})
 }
 
-// An expired record counts as absent under FirstAttempt too, and a panicking handler
+// An expired record counts as absent under ModeRecordWithFirstStatement too, and a panicking handler
 // leaves nothing behind.
-func TestInbox_FirstAttemptExpiredAndPanic(t *testing.T) {
+func TestInbox_RecordWithFirstStatementExpiredAndPanic(t *testing.T) {
 	t.Parallel()
 	_, pool := setup(t)
 	ib := firstAttempt(t, pool)
@@ -211,7 +211,7 @@ func TestInbox_FirstAttemptExpiredAndPanic(t *testing.T) {
 
 // The round trips each protocol promises, with warm statement caches: a first delivery
 // whose handler sends one statement takes 3 (as pgx.BeginFunc does), or 2 under
-// FirstAttempt; a duplicate takes 2, or 4 under FirstAttempt (its batch failed, so the
+// ModeRecordWithFirstStatement; a duplicate takes 2, or 4 under ModeRecordWithFirstStatement (its batch failed, so the
 // rollback goes alone and pgx deallocates the batch's cached statements before the
 // read), and the next first delivery on that connection one more (pgx prepares them
 // again).
@@ -229,7 +229,7 @@ func TestInbox_RoundTrips(t *testing.T) {
 	})
 	ctx := context.Background()
 	for _, first := range []bool{false, true} {
-		ib, err := inbox.New(pool, &inbox.Config{Schema: schema, FirstAttempt: first})
+		ib, err := inbox.New(pool, &inbox.Config{Schema: schema, Mode: modeOf(first)})
 		require.NoError(t, err)
 		name := map[bool]string{false: "default", true: "first"}[first]
 		trips := func(msg string, dup bool) int64 {
@@ -245,8 +245,8 @@ func TestInbox_RoundTrips(t *testing.T) {
 		trips(name+"-warm-2", false)
 
 		want := map[bool][3]int64{false: {3, 2, 3}, true: {2, 4, 3}}[first]
-		require.Equal(t, want[0], trips(name, false), "a first delivery, FirstAttempt %v", first)
-		require.Equal(t, want[1], trips(name, true), "a duplicate, FirstAttempt %v", first)
-		require.Equal(t, want[2], trips(name+"-next", false), "the next first delivery, FirstAttempt %v", first)
+		require.Equal(t, want[0], trips(name, false), "a first delivery, record with first statement %v", first)
+		require.Equal(t, want[1], trips(name, true), "a duplicate, record with first statement %v", first)
+		require.Equal(t, want[2], trips(name+"-next", false), "the next first delivery, record with first statement %v", first)
 	}
 }

@@ -1,0 +1,28 @@
+// Package config fills in the defaults of the public packages' configurations, and
+// holds the defaults they share.
+package config
+
+// SchemaDefault is the schema every feature's tables live in unless configured
+// otherwise.
+const SchemaDefault = "oncekit"
+
+// PurgeBatchDefault is how many rows one purge statement deletes at most.
+const PurgeBatchDefault = 1000
+
+// Of returns *cfg, or the zero value when cfg is nil: a nil *Config means all defaults.
+func Of[T any](cfg *T) T {
+	if cfg == nil {
+		var zero T
+		return zero
+	}
+	return *cfg
+}
+
+// Or returns v, or def when v is the zero value: a zero field means its default.
+func Or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
