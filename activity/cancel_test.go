@@ -36,7 +36,7 @@ func TestDo_WaitRespectsCancellation(t *testing.T) {
 				close(holding)
 				<-release
 				return ledger.Response{}, nil
-			}, nil)
+			}, &ledger.DoOpts{Mode: ledger.ModeClaimFirst}) // holds the key before fn runs
 	}()
 	<-holding
 

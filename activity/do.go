@@ -54,19 +54,17 @@ func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *O
 	return decode[Resp](res.Body)
 }
 
-// mode is how the ledger claims the activity's key. A retry most likely finds its
-// result stored, which ModeLookUpFirst replays in one round trip. On attempt 1 of an
-// activity whose key comes from its own identity, no other attempt can hold the key, so
-// no claim is sent at all; a key handed in (a business key, a saga's step key) may be
-// shared, so the claim travels with fn's first statement.
+// mode is how the ledger claims the activity's key. On attempt 1 of an activity whose
+// key comes from its own identity, no other attempt can hold the key, so no claim is
+// sent at all. A retry most likely finds its result stored, which ModeLookUpFirst
+// replays in one round trip; so may an activity whose key is handed in (a business key,
+// a saga's step key), which others may share: it claims before fn is called, so fn is
+// never called for a key another attempt holds.
 func (g *guard) mode() ledger.Mode {
-	switch {
-	case g.info.Attempt > 1:
-		return ledger.ModeLookUpFirst
-	case g.derived:
+	if g.info.Attempt == 1 && g.derived {
 		return ledger.ModeOptimistic
 	}
-	return ledger.ModeDefault
+	return ledger.ModeLookUpFirst
 }
 
 // DoErr is [Do] for an activity that returns only an error, func(ctx, Req) error: fn
