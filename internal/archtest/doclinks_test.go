@@ -21,26 +21,24 @@ const notImported = "\x00"
 // ([Name], [Name.Member], [*Name], [pkg], [pkg.Name], [pkg.Name.Member],
 // [importpath.Name]; a [text] defined as a URL link is not a doc link), with the fields
 // or methods written right after one ([Config].Retention), and resolved as go doc
-// resolves them, with one addition:
+// resolves them:
 //
 //   - [Name] and [Name.Member] name an exported identifier of the comment's own
 //     package; Member is a field or method, promoted ones included.
-//   - In [pkg.Name], pkg is the name of an import of the comment's file, else of its
-//     package (the alias if it has one), else the name of one of oncekit's packages
-//     (the addition: go doc leaves such a link as plain text when the package does not
-//     import it, but it still names an identifier that must exist), else a standard
-//     library package with a one-element path ([context.Context]).
+//   - In [pkg.Name], pkg is the name under which the comment's package imports a
+//     package (its alias if it has one; in any of its files, and in only one sense), or
+//     a standard library package with a one-element path ([context.Context]). A package
+//     the comment's package does not import, another of oncekit's included, cannot be
+//     named so: go doc shows such a link as text in brackets, and the check reports it.
 //   - A full import path ([go.temporal.io/sdk/worker.New]) names that package.
 //
 // The identifier is looked up in the exported API of the package it names, read from
 // the export data go list -export leaves in the build cache, so links into pgx or
-// Temporal's SDK are checked as offline as links within oncekit. A [pkg.Name] whose pkg
-// resolves to nothing is reported; a lone [word] that names no package is prose in
-// brackets, as go doc treats it, and is left alone.
+// Temporal's SDK are checked as offline as links within oncekit. A lone [word] that
+// names no package is prose in brackets, as go doc treats it, and is left alone.
 func TestDocLinksResolve(t *testing.T) {
 	t.Parallel()
 	m := loadModule(t)
-	public := m.publicByName()
 	checked := 0
 	for _, sp := range m.pkgs {
 		pkgImports := map[string]string{} // "" when two files import different packages under one name
@@ -54,36 +52,23 @@ func TestDocLinksResolve(t *testing.T) {
 				}
 			}
 		}
-		for _, f := range sp.files {
-			fileImports := map[string]string{}
-			for _, spec := range f.Imports {
-				if name, path := m.importName(spec); name != "" {
-					fileImports[name] = path
+		p := &comment.Parser{
+			LookupPackage: func(name string) (string, bool) {
+				if path, ok := pkgImports[name]; ok && path != "" {
+					return path, true
+				} else if ok {
+					return notImported + name, true // ambiguous: go doc links neither
 				}
-			}
-			p := &comment.Parser{
-				LookupPackage: func(name string) (string, bool) {
-					if path, ok := fileImports[name]; ok {
-						return path, true
-					}
-					if path := pkgImports[name]; path != "" {
-						return path, true
-					}
-					if name == sp.name {
-						return sp.path, true
-					}
-					if path, ok := public[name]; ok {
-						return path, true
-					}
-					if path, ok := comment.DefaultLookupPackage(name); ok {
-						return path, true
-					}
-					return notImported + name, true
-				},
-				// Every [Name] is taken as a link here, so that one naming nothing is
-				// reported rather than left as plain text.
-				LookupSym: func(recv, name string) bool { return true },
-			}
+				if path, ok := comment.DefaultLookupPackage(name); ok {
+					return path, true
+				}
+				return notImported + name, true
+			},
+			// Every [Name] is taken as a link here, so that one naming nothing is
+			// reported rather than left as plain text.
+			LookupSym: func(recv, name string) bool { return true },
+		}
+		for _, f := range sp.files {
 			for _, cg := range docComments(f) {
 				c := &cursor{fset: m.fset, cg: cg}
 				for _, l := range docLinks(p.Parse(cg.Text())) {
@@ -115,8 +100,8 @@ var memberSuffix = regexp.MustCompile(`^(\.[\p{Lu}][\pL\pN_]*)+`)
 // the members that follow it (".Retention" after [Config]).
 func (m *module) resolveDocLink(sp *sourcePkg, dl *comment.DocLink, members string) error {
 	path := dl.ImportPath
-	if strings.HasPrefix(path, notImported) {
-		return fmt.Errorf("no package named %s is imported here or is part of oncekit: import it, or write its full import path", path[len(notImported):])
+	if name, ok := strings.CutPrefix(path, notImported); ok {
+		return fmt.Errorf("package %s imports no package named %s, so go doc shows this as text in brackets: drop the brackets, or write the full import path", sp.name, name)
 	}
 	if path == "" {
 		path = sp.path

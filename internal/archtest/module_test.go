@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -119,6 +120,30 @@ func newModule() (*module, error) {
 		m.pkgs = append(m.pkgs, sp)
 	}
 	sort.Slice(m.pkgs, func(i, j int) bool { return m.pkgs[i].path < m.pkgs[j].path })
+	// What only tests import (testify, Temporal's testsuite) is not among ./...'s
+	// dependencies: list it in one more call rather than one call per package.
+	var more []string
+	for _, sp := range m.pkgs {
+		for _, f := range sp.tests {
+			for _, spec := range f.Imports {
+				path := strings.Trim(spec.Path.Value, `"`)
+				if _, ok := m.listed[path]; !ok && !slices.Contains(more, path) {
+					more = append(more, path)
+				}
+			}
+		}
+	}
+	if len(more) > 0 {
+		extra, err := m.goList(append([]string{"-deps"}, more...)...)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range extra {
+			if _, ok := m.listed[p.ImportPath]; !ok {
+				m.listed[p.ImportPath] = p
+			}
+		}
+	}
 	m.imp = importer.ForCompiler(m.fset, "gc", m.exportData)
 	return m, nil
 }
