@@ -32,7 +32,7 @@ type Config struct {
 	// Defaults to [RetentionDefault].
 	Retention time.Duration
 	// MeterProvider receives the inbox's metrics: messages by outcome (handled,
-	// duplicate, rejected) and purge deletions. Defaults to none.
+	// duplicate, rejected, error) and purge deletions. Defaults to none.
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives a span per Handle call (oncekit.inbox.handle), a child of
 	// the caller's span, with the OpenTelemetry messaging attributes. Defaults to none.
@@ -40,11 +40,11 @@ type Config struct {
 	// Logger receives a line per purge. Defaults to discarding it.
 	Logger *slog.Logger
 	// FirstAttempt says most deliveries are first ones, and trades the record's answer
-	// before the handler runs for speed, as ledger.DoOpts.FirstAttempt does in DoTx:
-	// BEGIN, the message's record and the savepoint travel in the round trip of the
-	// handler's first statement instead of one of their own, so a first delivery whose
-	// handler sends one statement takes two round trips, one fewer than pgx.BeginFunc
-	// with that statement alone. For a duplicate the handler is called, and its first
+	// before the handler runs for speed, as ledger.ModeClaimWithFirstStatement (the
+	// ledger's default mode) does: BEGIN, the message's record and the savepoint travel
+	// in the round trip of the handler's first statement instead of one of their own,
+	// so a first delivery whose handler sends one statement takes two round trips, one
+	// fewer than pgx.BeginFunc with that statement alone. For a duplicate the handler is called, and its first
 	// statement, and every later one, returns [ErrDuplicate] without running: nothing
 	// it sends through tx takes effect, and the result is Duplicate whatever it
 	// returns. A duplicate then costs four round trips instead of two (its batch
@@ -99,8 +99,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
 
 // Result is the outcome of [Inbox.Handle].
 type Result struct {
-	// Duplicate is true when the message had been handled (or rejected) before and the
-	// handler did not run: ack it.
+	// Duplicate is true when the message had been handled (or rejected) before and
+	// nothing the handler sent took effect (under Config.FirstAttempt it was called, but
+	// its statements did not run): ack it.
 	Duplicate bool
 	// Rejected is true when the handler refused the message definitively, now or before.
 	Rejected bool
