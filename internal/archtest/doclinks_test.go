@@ -108,7 +108,7 @@ func (m *module) resolveDocLink(sp *sourcePkg, dl *comment.DocLink, members stri
 	}
 	pkg, err := m.pkg(path)
 	if err != nil {
-		return fmt.Errorf("cannot load package %s: %v", path, err)
+		return fmt.Errorf("cannot load package %s: %w", path, err)
 	}
 	var names []string
 	if dl.Recv != "" {

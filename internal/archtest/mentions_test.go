@@ -60,12 +60,12 @@ func scanMentions(s string, skipBracket bool) []mention {
 			}
 			break
 		}
-		if i > start && (unicode.IsDigit(prev) || strings.ContainsRune("./-@#$~'\\", prev) || (skipBracket && prev == '[')) {
+		if unicode.IsDigit(prev) || strings.ContainsRune("./-@#$~'\\", prev) || (skipBracket && prev == '[') {
 			continue
 		}
-		end := i
+		from, end := start, i
 		// (*pkg.Type).Method and (pkg.Type).Method name a method.
-		if strings.HasSuffix(s[:start], "(*") || strings.HasSuffix(s[:start], "(") {
+		if open := strings.HasSuffix(s[:start], "(*") || strings.HasSuffix(s[:start], "("); open {
 			if strings.HasPrefix(s[end:], ").") {
 				j := end + 2
 				for j < len(s) {
@@ -77,12 +77,12 @@ func scanMentions(s string, skipBracket bool) []mention {
 				}
 				if j > end+2 {
 					parts = append(parts, s[end+2:j])
-					end = j
-					i = j
+					end, i = j, j
+					from = strings.LastIndex(s[:start], "(")
 				}
 			}
 		}
-		mn := mention{at: start, text: s[start:end]}
+		mn := mention{at: from, text: s[from:end]}
 		if !isExported(parts[0]) {
 			mn.pkg, parts = parts[0], parts[1:]
 		}

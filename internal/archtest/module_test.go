@@ -156,7 +156,7 @@ func (m *module) goList(args ...string) ([]*listed, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("go list %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+		return nil, fmt.Errorf("go list %s: %w: %s", strings.Join(args, " "), err, stderr.String())
 	}
 	var pkgs []*listed
 	dec := json.NewDecoder(bytes.NewReader(out))
