@@ -40,8 +40,9 @@ type Opts struct {
 	// [keys.RunScoped]. Ignored when Key is set.
 	Strategy keys.Strategy
 	// Key is an explicit business key, such as the one keys.Business(orderID, "charge")
-	// returns; it survives workflow resets. Defaults to the key the workflow handed this activity
-	// call (keys.KeyContextKey, as package saga does), then to the key of Strategy.
+	// returns; it survives workflow resets. Defaults to the key the workflow handed this
+	// activity call (keys.KeyContextKey, as package saga does), then to the key of
+	// Strategy.
 	Key keys.Key
 	// Wait bounds how long the attempt waits, heartbeating, for another attempt holding
 	// the key. Defaults to [WaitDefault]; ledger.NoWait (any negative value) fails fast.
