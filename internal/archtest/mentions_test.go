@@ -340,12 +340,12 @@ func memberOfSome(pkg *types.Package, name string) bool {
 //
 // A mention is a chain such as ledger.DoOpts.Mode, (*ledger.Ledger).Do, or DoOpts.Mode
 // (see scanMentions); URLs and dotted names such as oncekit.ledger.calls are not. A
-// qualified mention's package is found as a doc link's is: an import of the comment's
-// file, else of its package, else what candidates returns for the name; a name that
-// means no package (a variable, such as call.DownstreamKey) is not checked. An
-// mention qualified by the comment's own package name is checked against the package
-// itself first. An unqualified Type.Member is checked when the comment's package declares Type (a type
-// of another package, such as Temporal's Options.Plugins, is not).
+// qualified mention's package is the import of that name in the comment's file, else
+// in its package, else what candidates returns for the name; a mention qualified by the
+// package's own name is checked against the package first. A name that means no
+// package (a variable, such as call.DownstreamKey) is not checked. An unqualified
+// Type.Member is checked when the comment's package declares Type (a type of another
+// package, such as Temporal's Options.Plugins, is not).
 func TestDocCommentMentionsExist(t *testing.T) {
 	t.Parallel()
 	m := loadModule(t)
