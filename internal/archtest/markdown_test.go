@@ -91,6 +91,22 @@ func TestMarkdownNamesExist(t *testing.T) {
 	}
 }
 
+// The patterns the Markdown reader and the command checks use.
+var (
+	reSeparator  = regexp.MustCompile(`;|&&|\|\|?`)
+	reAssignment = regexp.MustCompile(`^[A-Z_][A-Z0-9_]*=`)
+	reTarget     = regexp.MustCompile(`^[a-z][a-z0-9_.-]*$`)
+	reModulePath = regexp.MustCompile(`github\.com/oncekit/oncekit(/[\w./-]*[\w])?`)
+	reURL        = regexp.MustCompile(`^[a-z][a-z0-9+.-]*:`)
+	reQuoted     = regexp.MustCompile(`"[^"]*"|'[^']*'`)
+	reFence      = regexp.MustCompile("^ {0,3}(`{3,}|~{3,})\\s*(\\S*)")
+	reHeading    = regexp.MustCompile(`^#{1,6}\s+(.*)$`)
+	reLink       = regexp.MustCompile(`\]\(([^)\s]+)(?:\s+"[^"]*")?\)`)
+	reLinkDef    = regexp.MustCompile(`(?m)^ {0,3}\[[^\]]+\]:\s+(\S+)`)
+	reLinkText   = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
+	reWord       = regexp.MustCompile(`^[a-z]+$`)
+)
+
 // docChecker checks what a Markdown file names.
 type docChecker struct {
 	m        *module
@@ -130,9 +146,9 @@ func (c *docChecker) command(line string) []error {
 		line = line[:i] // a comment
 	}
 	var errs []error
-	for _, part := range regexp.MustCompile(`;|&&|\|\|?`).Split(line, -1) {
+	for _, part := range reSeparator.Split(line, -1) {
 		words := strings.Fields(unquote(part))
-		for len(words) > 0 && regexp.MustCompile(`^[A-Z_][A-Z0-9_]*=`).MatchString(words[0]) {
+		for len(words) > 0 && reAssignment.MatchString(words[0]) {
 			words = words[1:]
 		}
 		if len(words) == 0 {
@@ -144,7 +160,7 @@ func (c *docChecker) command(line string) []error {
 				if strings.Contains(w, "=") || strings.HasPrefix(w, "-") {
 					continue
 				}
-				if !regexp.MustCompile(`^[a-z][a-z0-9_.-]*$`).MatchString(w) {
+				if !reTarget.MatchString(w) {
 					break
 				}
 				if !c.targets[w] {
@@ -157,7 +173,7 @@ func (c *docChecker) command(line string) []error {
 			errs = append(errs, c.goCommand(words[1:])...)
 		}
 	}
-	for _, p := range regexp.MustCompile(`github\.com/oncekit/oncekit(/[\w./-]*[\w])?`).FindAllStringSubmatch(line, -1) {
+	for _, p := range reModulePath.FindAllStringSubmatch(line, -1) {
 		if err := c.packageDir(strings.TrimSuffix(p[1], "/...")); err != nil {
 			errs = append(errs, err)
 		}
@@ -208,7 +224,7 @@ func (c *docChecker) packageDir(rel string) error {
 
 // link checks a relative link of the Markdown file name.
 func (c *docChecker) link(name, target string) error {
-	if regexp.MustCompile(`^[a-z][a-z0-9+.-]*:`).MatchString(target) {
+	if reURL.MatchString(target) {
 		return nil // a URL
 	}
 	file, anchor, _ := strings.Cut(target, "#")
@@ -240,7 +256,7 @@ func (c *docChecker) link(name, target string) error {
 // unquote replaces the quoted parts of a shell line with a placeholder, so that
 // DEMO_FLAGS="-orders 100" stays one word.
 func unquote(s string) string {
-	return regexp.MustCompile(`"[^"]*"|'[^']*'`).ReplaceAllString(s, "Q")
+	return reQuoted.ReplaceAllString(s, "Q")
 }
 
 // markdown is what the checks read in a Markdown file.
@@ -262,7 +278,6 @@ type located struct {
 func parseMarkdown(src string) *markdown {
 	md := &markdown{anchors: map[string]bool{}}
 	lines := strings.Split(src, "\n")
-	fence := regexp.MustCompile("^ {0,3}(`{3,}|~{3,})\\s*(\\S*)")
 	var para []string
 	paraLine := 0
 	flush := func() {
@@ -271,7 +286,7 @@ func parseMarkdown(src string) *markdown {
 	}
 	for i := 0; i < len(lines); i++ {
 		line := lines[i]
-		if f := fence.FindStringSubmatch(line); f != nil {
+		if f := reFence.FindStringSubmatch(line); f != nil {
 			flush()
 			var block []located
 			j := i + 1
@@ -291,7 +306,7 @@ func parseMarkdown(src string) *markdown {
 			flush()
 			continue
 		}
-		if h := regexp.MustCompile(`^#{1,6}\s+(.*)$`).FindStringSubmatch(line); h != nil {
+		if h := reHeading.FindStringSubmatch(line); h != nil {
 			flush()
 			md.heading(h[1])
 			md.inline(h[1], i+1)
@@ -354,10 +369,10 @@ func (md *markdown) inline(p string, line int) {
 		i = end + n
 	}
 	text := plain.String()
-	for _, l := range regexp.MustCompile(`\]\(([^)\s]+)(?:\s+"[^"]*")?\)`).FindAllStringSubmatchIndex(text, -1) {
+	for _, l := range reLink.FindAllStringSubmatchIndex(text, -1) {
 		md.links = append(md.links, located{line + strings.Count(text[:l[0]], "\n"), text[l[2]:l[3]]})
 	}
-	for _, l := range regexp.MustCompile(`(?m)^ {0,3}\[[^\]]+\]:\s+(\S+)`).FindAllStringSubmatchIndex(text, -1) {
+	for _, l := range reLinkDef.FindAllStringSubmatchIndex(text, -1) {
 		md.links = append(md.links, located{line + strings.Count(text[:l[0]], "\n"), text[l[2]:l[3]]})
 	}
 }
@@ -385,7 +400,7 @@ func closingRun(p string, i, n int) int {
 // case, with spaces turned into hyphens and other punctuation dropped; a repeated
 // anchor gets -1, -2, ...
 func (md *markdown) heading(text string) {
-	text = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`).ReplaceAllString(text, "$1")
+	text = reLinkText.ReplaceAllString(text, "$1")
 	var b strings.Builder
 	for _, r := range strings.ToLower(text) {
 		switch {
@@ -466,7 +481,7 @@ func oncekitUsage(t *testing.T, path string) *usage {
 			syntax, _, _ := strings.Cut(strings.TrimSpace(line), "   ") // the description follows
 			words := strings.Fields(syntax)
 			name := words[0]
-			if len(words) > 1 && regexp.MustCompile(`^[a-z]+$`).MatchString(words[1]) {
+			if len(words) > 1 && reWord.MatchString(words[1]) {
 				name += " " + words[1]
 			}
 			flags := map[string]bool{}
@@ -500,7 +515,7 @@ func (u *usage) check(args []string) []error {
 	}
 	var flags map[string]bool
 	rest := words
-	if w := words[0]; regexp.MustCompile(`^[a-z]+$`).MatchString(w) {
+	if w := words[0]; reWord.MatchString(w) {
 		name := w
 		if len(words) > 1 {
 			if _, ok := u.commands[w+" "+words[1]]; ok {
@@ -518,7 +533,7 @@ func (u *usage) check(args []string) []error {
 			if len(sub) == 0 && name != "help" {
 				return []error{fmt.Errorf("oncekit has no command %q (oncekit --help lists them)", name)}
 			}
-			if len(words) > 1 && regexp.MustCompile(`^[a-z]+$`).MatchString(words[1]) {
+			if len(words) > 1 && reWord.MatchString(words[1]) {
 				sort.Strings(sub)
 				return []error{fmt.Errorf("oncekit %s has no subcommand %q: only %s", name, words[1], strings.Join(sub, ", "))}
 			}
