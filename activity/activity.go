@@ -31,15 +31,18 @@ type Opts struct {
 	// [keys.WithTenant]), then to the worker's default tenant.
 	Tenant string
 	// Operation names what the activity does, such as "payments.charge"; it scopes the
-	// key. Defaults to the activity's registered type name, so register activities
-	// under explicit names (package worker does) rather than Go function names.
+	// key. Defaults to the activity's type name, the name Temporal registered it under
+	// (a function's name, a registered struct's method name, or the Name of Temporal's
+	// activity.RegisterOptions): keep that name stable, since renaming it changes every
+	// key.
 	Operation string
 	// Strategy chooses the key from the activity's identity. Defaults to
 	// [keys.RunScoped]. Ignored when Key is set.
 	Strategy keys.Strategy
-	// Key is an explicit business key, such as keys.Business(orderID, "charge"); it
-	// survives workflow resets. Defaults to the key the workflow handed this activity
-	// call (keys.KeyContextKey, as package saga does), then to the key of Strategy.
+	// Key is an explicit business key, such as the one keys.Business(orderID, "charge")
+	// returns; it survives workflow resets. Defaults to the key the workflow handed this
+	// activity call (keys.KeyContextKey, as package saga does), then to the key of
+	// Strategy.
 	Key keys.Key
 	// Wait bounds how long the attempt waits, heartbeating, for another attempt holding
 	// the key. Defaults to [WaitDefault]; ledger.NoWait (any negative value) fails fast.

@@ -31,10 +31,12 @@
 // # Errors
 //
 // Ledger outcomes become Temporal errors that retry policies can act on: a key reused
-// with another payload is a non-retryable ApplicationError of type [ErrTypeKeyReused];
-// another attempt in flight is a retryable [ErrTypeInProgress]; a definitive business
-// failure ([Definitive]) is non-retryable, typed by its code, and replayed identically on
-// every retry.
+// with another payload is a non-retryable ApplicationError of type
+// [policy.ErrTypeKeyReused]; another attempt in flight is a retryable
+// [policy.ErrTypeInProgress]; a definitive business failure ([Definitive]) is
+// non-retryable, typed by its code, and replayed identically on every retry. Workflow
+// code finds these error types, and retry policies that skip the non-retryable ones, in
+// package policy, which imports neither pgx nor the ledger.
 //
 // This package shares its name with Temporal's go.temporal.io/sdk/activity. A file that
 // needs both imports Temporal's as tactivity:

@@ -63,7 +63,7 @@ type Config struct {
 	// Defaults to [RetentionDefault].
 	Retention time.Duration
 	// MeterProvider receives the inbox's metrics: messages by outcome (handled,
-	// duplicate, rejected) and purge deletions. Defaults to none.
+	// duplicate, rejected, error) and purge deletions. Defaults to none.
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives a span per Handle call (oncekit.inbox.handle), a child of
 	// the caller's span, with the OpenTelemetry messaging attributes. Defaults to none.
@@ -117,8 +117,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
 
 // Result is the outcome of [Inbox.Handle].
 type Result struct {
-	// Duplicate is true when the message had been handled (or rejected) before and the
-	// handler did not run: ack it.
+	// Duplicate is true when the message had been handled (or rejected) before and
+	// nothing the handler sent took effect (under ModeRecordWithFirstStatement it was called, but
+	// its statements did not run): ack it.
 	Duplicate bool
 	// Rejected is true when the handler refused the message definitively, now or before.
 	Rejected bool

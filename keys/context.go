@@ -30,8 +30,10 @@ var (
 type Step struct {
 	// Key is the step's key.
 	Key Key `json:"key"`
-	// Operation is the name the step's activity ran under, its operation; empty when the
-	// step named its activity by function rather than by registered name.
+	// Operation is the name the step's activity ran under, its operation. Package saga
+	// sets the name Temporal gives the step's activity (its string, or its function's
+	// name), and oncekit's worker interceptor corrects it to the name the step actually
+	// ran under; it is empty when neither knew it.
 	Operation string `json:"operation,omitempty"`
 }
 

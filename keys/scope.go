@@ -16,7 +16,9 @@ type Scope struct {
 	// single-tenant system. It is never empty.
 	Tenant string
 	// Operation is a stable name for what the intent does, such as "payments.charge". Use
-	// a name you will keep; never a Go function name, which changes when code is renamed.
+	// a name you will keep: under another name, an intent recorded before is a new one.
+	// An activity's operation defaults to the name Temporal registered it under, often a
+	// Go function or method name, so keep that stable when code is renamed.
 	Operation string
 }
 

@@ -111,9 +111,12 @@ type DoOpts struct {
 // On the first call it claims the key and runs fn in the same transaction, stores fn's
 // response, and commits once, so the record and fn's writes exist together or not at
 // all. A later call with the same intent returns the stored response with
-// Result.Replayed set and runs nothing; when the key is completed that takes one round
-// trip and neither locks nor writes. The same key with a different fingerprint returns a
-// [*FingerprintMismatchError] and runs nothing.
+// Result.Replayed set, and nothing fn does commits. The same key with a different
+// fingerprint returns a [*FingerprintMismatchError], and nothing commits either.
+// [DoOpts].Mode says when the claim's answer arrives, and so what such a call costs and
+// whether fn is called at all: in [ModeLookUpFirst] a replay takes one round trip and
+// neither locks nor writes; in the default mode it takes three, and fn's statements do
+// not run.
 func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (res Result, err error) {
 	ctx, c := l.tel.begin(ctx, "Do", in.Scope)
 	defer func() { c.end(doOutcome(res, err), err) }()

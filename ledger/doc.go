@@ -7,7 +7,8 @@
 // [Ledger.Do] claims the key and runs your mutation in one transaction, stores the
 // mutation's [Response], and commits once: the record and the mutation exist together or
 // not at all, guarded by the table's primary key. A retry returns the stored response
-// byte for byte with Result.Replayed set, without running the mutation's statements.
+// byte for byte with Result.Replayed set, and nothing the mutation does commits (in
+// every mode but [ModeOptimistic], its statements do not even run).
 // The same key with a different [keys.Fingerprint] is refused with a
 // [*FingerprintMismatchError]. [Ledger.DoTx] does the same inside a transaction you
 // already hold.

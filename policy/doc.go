@@ -12,5 +12,6 @@
 //     deadline, not by attempts, so it outlives an outage).
 //
 // It is deterministic and imports neither pgx nor the ledger, so workflow code can use
-// it. Package activity re-exports the constants.
+// it. The error types are declared here alone: package activity returns them, and
+// workflow code compares an ApplicationError's type against these constants.
 package policy

@@ -20,7 +20,7 @@
 // flight waits for it and then returns its outcome. The same key with another
 // [Opts].Request is refused with [policy.ErrTypeKeyReused].
 //
-// A business key (keys.Business("transfer", id)) therefore holds across resets,
+// A business key (from keys.Business("transfer", id)) therefore holds across resets,
 // continue-as-new and new workflows; to run a compensated transfer again, give the new
 // attempt a new key. The default key comes from the workflow ID and the run's original
 // run ID: a reset run presents the same identity and resumes (or replays) the saga of the

@@ -43,8 +43,9 @@ const LeaseDefault = 24 * time.Hour
 // Opts configure a [Saga]. A nil *Opts means all defaults.
 type Opts struct {
 	// Key is the saga's key: its outcome is recorded under it and its steps' keys derive
-	// from it. Use the business intent, such as keys.Business("transfer", transferID), so
-	// that a second workflow for the same transfer replays the first one's outcome.
+	// from it. Use the business intent, such as the key keys.Business("transfer",
+	// transferID) returns, so that a second workflow for the same transfer replays the
+	// first one's outcome.
 	// Defaults to a key from the workflow ID and the run's original run ID: stable across
 	// resets and retries of a workflow task, new for each continue-as-new run and each
 	// retry of the whole workflow, so each of those runs its saga afresh.

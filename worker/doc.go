@@ -1,20 +1,32 @@
-// Package worker wires oncekit into a Temporal worker.
+// Package worker wires oncekit into Temporal's workers through the SDK's plugin API.
 //
-// [New] builds a worker whose activities find the ledger and their tenant in their
-// context, so package activity's Do and External need no plumbing, and registers the
-// activities package saga records outcomes with. A plain client from Temporal's
-// client.Dial is enough: activities whose workflow carries no tenant run under
-// [TenantDefault] (or [Options].DefaultTenant; [Options].RequireTenant refuses them), and
-// the worker's interceptor carries the tenant, a step's key and a compensation's step from
-// workflow code to the activity in its headers. For several tenants, [Dial] creates a
-// client with oncekit's tenant propagator: a workflow started with a context from
-// [keys.WithTenant] carries the tenant in its header to every activity it runs.
-// Activities and workflows are registered under explicit names, because the name scopes
-// the activity's keys and must not change when Go code is renamed. [policy.RetryPolicy]
-// gives workflow code retry defaults that skip oncekit's non-retryable error types.
+// [NewPlugin] returns oncekit's plugin. Put it in Temporal's client.Options.Plugins,
+// and every worker created from that client picks it up (or put it in one worker's
+// Options.Plugins): workers stay Temporal's own, built with client.Dial and Temporal's
+// worker.New. On each worker the plugin installs [Interceptor], which puts the ledger and
+// the tenant in every activity's context, so that package activity's Do and External
+// need no plumbing, and carries the tenant, a step's key and a compensation's step from
+// workflow code to the activity in its headers; and it registers the activities package
+// saga records outcomes with (activity.RegisterSaga).
 //
-// This package shares its name with Temporal's go.temporal.io/sdk/worker; a typical
-// worker main imports ours alone. A file that needs both imports Temporal's as tworker:
+// # Tenants
+//
+// Activities whose workflow carries no tenant run under [TenantDefault], or
+// [Config].DefaultTenant; with [Config].RequireTenant they fail instead. For several
+// tenants, start workflows with a context from [keys.WithTenant] through a client that
+// has the plugin: its [TenantPropagator] carries the tenant in the workflow's header to
+// every activity the workflow runs.
+//
+// # Names
+//
+// Activities keep the names Temporal gives them (a function's name, or a registered
+// struct's method names), and that name is the operation that scopes their keys: keep it
+// stable when Go code is renamed, as Temporal already asks of activity names.
+// policy.RetryPolicy gives workflow code retry defaults that skip oncekit's
+// non-retryable error types.
+//
+// This package shares its name with Temporal's go.temporal.io/sdk/worker. A worker main
+// needs both, and imports Temporal's as tworker:
 //
 //	import tworker "go.temporal.io/sdk/worker"
 package worker

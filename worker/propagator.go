@@ -22,7 +22,9 @@ const (
 // TenantPropagator returns oncekit's context propagator. It carries the tenant of
 // [keys.WithTenant] from a client to its workflows, and from workflows to their
 // activities and child workflows; and it carries a key set under [keys.KeyContextKey]
-// to the activity executed with it (never to a child workflow). [Dial] installs it.
+// to the activity executed with it (never to a child workflow). [NewPlugin] adds it to
+// the client's context propagators; a client built without the plugin can list it in
+// client.Options.ContextPropagators.
 func TenantPropagator() workflow.ContextPropagator { return propagator{} }
 
 type propagator struct{}

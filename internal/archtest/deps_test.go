@@ -1,4 +1,6 @@
-// Package archtest checks the dependency rules between oncekit's packages.
+// Package archtest checks the dependency rules between oncekit's packages, and that the
+// documentation names only what exists: doc links, identifiers in doc comments, and the
+// identifiers, commands and links of the README and the guides in docs/.
 package archtest
 
 import (
