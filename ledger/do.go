@@ -444,11 +444,11 @@ func (a *attempt) execute(ctx context.Context, fn Func, retention time.Duration)
 
 // unstored hides a definitive failure that was not stored behind an error that is not
 // one, so that errors.As finds no DefinitiveError in the call's answer: a caller that
-// finds one rightly takes the failure as recorded.
+// finds one rightly takes the failure as recorded. Only the failure's text is kept.
 func unstored(err error) error {
 	var derr *DefinitiveError
 	if errors.As(err, &derr) {
-		return fmt.Errorf("oncekit/ledger: the definitive failure was not stored: %v", err)
+		return errors.New("oncekit/ledger: the definitive failure was not stored: " + err.Error())
 	}
 	return err
 }

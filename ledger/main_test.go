@@ -117,7 +117,11 @@ var modes = []ledger.Mode{ledger.ModeClaimWithFirstStatement, ledger.ModeClaimFi
 
 // modeName names a mode for a subtest: ClaimWithFirstStatement and so on.
 func modeName(m ledger.Mode) string {
-	return strings.ReplaceAll(strings.Title(strings.ReplaceAll(m.String(), "_", " ")), " ", "") //nolint:staticcheck // ASCII names
+	var b strings.Builder
+	for _, w := range strings.Split(m.String(), "_") {
+		b.WriteString(strings.ToUpper(w[:1]) + w[1:])
+	}
+	return b.String()
 }
 
 // eachMode runs test in a parallel subtest per mode.
