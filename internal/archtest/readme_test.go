@@ -6,23 +6,53 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
-// marker names the file whose code a README snippet shows.
+// marker names the file whose code a Markdown snippet shows.
 var marker = regexp.MustCompile(`^<!-- example: (\S+) -->$`)
 
-// The README's Go snippets are the examples' code, compiled and run by go test: every
-// snippet is preceded by a marker naming its file, and every line of the snippet appears
-// in that file, in the same order (the snippet may leave lines out, such as error
-// handling, but may not change one).
+// The Go snippets of the README and of every guide in docs/ are the examples' code,
+// compiled and run by go test: every snippet is preceded by a marker naming its file
+// (relative to the repository's root), and every line of the snippet appears in that
+// file, in the same order (the snippet may leave lines out, such as error handling, but
+// may not change one).
 func TestReadmeSnippetsAreExamples(t *testing.T) {
 	t.Parallel()
 	root := filepath.Join("..", "..")
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	guides, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(string(readme), "\n")
+	files := []string{"README.md"}
+	for _, g := range guides {
+		rel, err := filepath.Rel(root, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, filepath.ToSlash(rel))
+	}
+	for _, name := range files {
+		t.Run(strings.TrimSuffix(name, ".md"), func(t *testing.T) {
+			t.Parallel()
+			src, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(name)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := checkSnippets(t, root, name, string(src))
+			if name == "README.md" && n == 0 {
+				t.Fatal("no Go snippet found in README.md")
+			}
+		})
+	}
+}
+
+// checkSnippets checks the Go snippets of the Markdown file name, whose text is src,
+// against the files their markers name, and returns how many it found.
+func checkSnippets(t *testing.T, root, name, src string) int {
+	t.Helper()
+	lines := strings.Split(src, "\n")
 	snippets := 0
 	for i := 0; i < len(lines); i++ {
 		if lines[i] != "```go" {
@@ -40,32 +70,64 @@ func TestReadmeSnippetsAreExamples(t *testing.T) {
 			m = marker.FindStringSubmatch(lines[start-2])
 		}
 		if m == nil {
-			t.Errorf("README.md:%d: a Go snippet without an <!-- example: file --> marker on the line before it", start)
+			t.Errorf("%s:%d: a Go snippet without an <!-- example: file --> marker on the line before it", name, start)
 			continue
 		}
-		src, err := os.ReadFile(filepath.Join(root, m[1]))
+		code, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(m[1])))
 		if err != nil {
-			t.Errorf("README.md:%d: %v", start, err)
+			t.Errorf("%s:%d: %v", name, start, err)
 			continue
 		}
-		code := strings.Split(string(src), "\n")
-		at := 0
-		for n, line := range lines[start:end] {
-			want := strings.TrimSpace(line)
-			if want == "" {
-				continue
-			}
-			for at < len(code) && strings.TrimSpace(code[at]) != want {
-				at++
-			}
-			if at == len(code) {
-				t.Errorf("README.md:%d: %q is not in %s (after the snippet's previous line)", start+n+1, want, m[1])
-				break
-			}
-			at++
+		if n, ok := snippetIn(lines[start:end], strings.Split(string(code), "\n")); !ok {
+			t.Errorf("%s:%d: %q is not in %s (after the snippet's previous line)", name, start+n+1, strings.TrimSpace(lines[start+n]), m[1])
 		}
 	}
-	if snippets == 0 {
-		t.Fatal("no Go snippet found in README.md")
+	return snippets
+}
+
+// snippetIn reports whether every line of snippet appears in code, in order, ignoring
+// indentation and blank lines; when one does not, it returns that line's index in snippet.
+func snippetIn(snippet, code []string) (int, bool) {
+	at := 0
+	for n, line := range snippet {
+		want := strings.TrimSpace(line)
+		if want == "" {
+			continue
+		}
+		for at < len(code) && strings.TrimSpace(code[at]) != want {
+			at++
+		}
+		if at == len(code) {
+			return n, false
+		}
+		at++
+	}
+	return 0, true
+}
+
+// The snippet check accepts a snippet that leaves lines out, and refuses one that changes
+// a line or reorders two.
+func TestSnippetIn(t *testing.T) {
+	t.Parallel()
+	code := strings.Split("func f() {\n\ta := 1\n\tif a > 0 {\n\t\treturn\n\t}\n\tb := 2\n}", "\n")
+	for _, tc := range []struct {
+		name    string
+		snippet string
+		ok      bool
+		at      int
+	}{
+		{"Whole", "func f() {\n\ta := 1\n\tif a > 0 {\n\t\treturn\n\t}\n\tb := 2\n}", true, 0},
+		{"LinesLeftOut", "a := 1\n\nb := 2", true, 0},
+		{"IndentationIgnored", "    a := 1\nb := 2", true, 0},
+		{"ChangedLine", "a := 1\nb := 3", false, 1},
+		{"Reordered", "b := 2\na := 1", false, 1},
+		{"Missing", "c := 3", false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			at, ok := snippetIn(strings.Split(tc.snippet, "\n"), code)
+			require.Equal(t, tc.ok, ok)
+			require.Equal(t, tc.at, at)
+		})
 	}
 }
