@@ -345,3 +345,61 @@ func TestDoTx_SnapshotConflictBeforeFn(t *testing.T) {
 		}
 	}
 }
+
+// A claim whose lease outlasts the retention keeps its key for the whole lease: neither a
+// purge nor another attempt, in any mode, takes a key whose holder is still within its
+// lease, and the holder completes it. The same holds for a lease extended past the
+// retention.
+func TestClaim_LeaseOutlastsRetention(t *testing.T) {
+	t.Parallel()
+	// callsFn says whether the second attempt's mode calls fn for a taken key (its
+	// statements then fail without running).
+	callsFn := map[string]bool{}
+	seconds := map[string]func(ctx context.Context, l *ledger.Ledger, in ledger.Intent, calls *atomic.Int32) error{
+		"Claim": func(ctx context.Context, l *ledger.Ledger, in ledger.Intent, _ *atomic.Int32) error {
+			_, err := l.Claim(ctx, in, nil)
+			return err
+		},
+	}
+	for _, mode := range modes {
+		callsFn["Do"+modeName(mode)] = callsFnForTakenKey(mode)
+		seconds["Do"+modeName(mode)] = func(ctx context.Context, l *ledger.Ledger, in ledger.Intent, calls *atomic.Int32) error {
+			_, err := l.Do(ctx, in, counted(calls, createOrder("acme", order{Item: "tea", Amount: 1})), &ledger.DoOpts{Mode: mode})
+			return err
+		}
+	}
+	for name, second := range seconds {
+		for _, extended := range []bool{false, true} {
+			t.Run(name+map[bool]string{false: "Claimed", true: "Extended"}[extended], func(t *testing.T) {
+				t.Parallel()
+				l, b := setup(t, &ledger.Config{Retention: time.Hour})
+				ctx := context.Background()
+				in := intent(t, "acme", "order-tea", order{Item: "tea", Amount: 1})
+				lease := 3 * time.Hour
+				if extended {
+					lease = 30 * time.Minute
+				}
+				first, err := l.Claim(ctx, in, &ledger.ClaimOpts{Lease: lease})
+				require.NoError(t, err)
+				if extended {
+					b.clock.Advance(20 * time.Minute)
+					err = l.Extend(ctx, first.Lease, 3*time.Hour)
+					require.NoError(t, err)
+				}
+				b.clock.Advance(90 * time.Minute) // past the retention, within the lease
+
+				pr, err := l.Purge(ctx, nil)
+				require.NoError(t, err)
+				require.Zero(t, pr.Deleted, "a purge deleted a record whose lease is live")
+				var calls atomic.Int32
+				require.ErrorIs(t, second(ctx, l, in, &calls), ledger.ErrInProgress, "a second attempt took a key whose lease is live")
+				if !callsFn[name] {
+					require.Zero(t, calls.Load(), "fn was called for a key whose lease is live")
+				}
+				require.Zero(t, countOrders(t, b.pool, "acme"), "fn's writes committed for a key whose lease is live")
+				_, err = l.Complete(ctx, first.Lease, ledger.Response{Code: 200, Body: []byte(`{}`)})
+				require.NoError(t, err, "the holder of a live lease completes")
+			})
+		}
+	}
+}
