@@ -403,3 +403,54 @@ func TestClaim_LeaseOutlastsRetention(t *testing.T) {
 		}
 	}
 }
+
+// ClaimTx on a key whose claim another transaction has not committed waits within its
+// wait and never past its context's deadline, and leaves the caller's transaction usable
+// either way.
+func TestClaimTx_UncommittedClaimBoundsTheWait(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		wait    time.Duration
+		timeout time.Duration
+		want    func(t *testing.T, err error)
+	}{
+		{"DeadlineShorterThanWait", 10 * time.Second, 300 * time.Millisecond, func(t *testing.T, err error) {
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+		}},
+		{"NoWait", ledger.NoWait, 0, func(t *testing.T, err error) {
+			require.ErrorIs(t, err, ledger.ErrInProgress)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			l, b := setup(t, nil)
+			ctx := context.Background()
+			in := intent(t, "acme", "order-tea", order{Item: "tea", Amount: 1})
+			holder, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer holder.Rollback(ctx)
+			_, err = l.ClaimTx(ctx, holder, in, nil)
+			require.NoError(t, err)
+
+			tx, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			cctx := ctx
+			if tc.timeout > 0 {
+				var cancel context.CancelFunc
+				cctx, cancel = context.WithTimeout(ctx, tc.timeout)
+				defer cancel()
+			}
+			res, err := l.ClaimTx(cctx, tx, in, &ledger.ClaimOpts{Wait: tc.wait})
+			require.Nil(t, res.Lease)
+			tc.want(t, err)
+			var one int
+			require.NoError(t, tx.QueryRow(ctx, "SELECT 1").Scan(&one), "the caller's transaction is usable")
+			var timeout string
+			require.NoError(t, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&timeout))
+			require.Equal(t, "0", timeout, "the caller's lock_timeout is restored")
+			require.NoError(t, tx.Commit(ctx))
+		})
+	}
+}
