@@ -454,3 +454,38 @@ func TestClaimTx_UncommittedClaimBoundsTheWait(t *testing.T) {
 		})
 	}
 }
+
+// A call whose COMMIT was sent when its context ended cannot know whether PostgreSQL
+// committed: it says so with a typed error, and the next call with the key replays the
+// result when the commit happened after the first call returned.
+func TestDo_CommitInFlightIsOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	l, b := setup(t, nil)
+	ctx := context.Background()
+	req := order{Item: "tea", Amount: 1}
+	in := intent(t, "acme", "order-tea", req)
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = l.DoTx(ctx, holder, in, createOrder("acme", req), nil)
+	require.NoError(t, err)
+
+	// ModeOptimistic sends its record with COMMIT; the record waits for the holder's.
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	var calls atomic.Int32
+	_, err = l.Do(cctx, in, counted(&calls, createOrder("acme", req)), &ledger.DoOpts{Mode: ledger.ModeOptimistic})
+	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the context's error stays visible")
+	var unknown *ledger.OutcomeUnknownError
+	require.ErrorAs(t, err, &unknown)
+	require.Equal(t, in.Key, unknown.Key)
+
+	// The holder gives up; the first call's commit then runs on the server.
+	require.NoError(t, holder.Rollback(ctx))
+	require.Eventually(t, func() bool { return countRecords(t, b.pool, b.schema) == 1 }, 10*time.Second, 10*time.Millisecond)
+	res, err := l.Do(ctx, in, counted(&calls, createOrder("acme", req)), &ledger.DoOpts{Mode: ledger.ModeLookUpFirst})
+	require.NoError(t, err)
+	require.True(t, res.Replayed, "the next call replays the commit that happened after the first call returned")
+	require.Equal(t, int32(1), calls.Load())
+	require.Equal(t, 1, countOrders(t, b.pool, "acme"))
+}
