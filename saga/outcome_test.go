@@ -35,8 +35,11 @@ type bank struct {
 	*bundle
 	calls      sync.Map // step name -> *atomic.Int64
 	failNotify atomic.Bool
-	gate       chan struct{} // when set, withdraw waits on it
-	entered    chan struct{}
+	// refuseNotify makes the last step fail definitively, with an ApplicationError of
+	// type "Refused".
+	refuseNotify atomic.Bool
+	gate         chan struct{} // when set, withdraw waits on it
+	entered      chan struct{}
 }
 
 func newBank(t *testing.T) *bank { return &bank{bundle: setup(t)} }
@@ -59,6 +62,9 @@ func (k *bank) act(step string) func(context.Context, transfer) (string, error) 
 		}
 		if step == "notify" && k.failNotify.Load() {
 			return "", errors.New("the notification service is down")
+		}
+		if step == "notify" && k.refuseNotify.Load() {
+			return "", temporal.NewNonRetryableApplicationError("the bank refused the transfer", "Refused", nil)
 		}
 		return step + ":" + tr.ID, k.bundle.step(ctx, step, plan{})
 	}

@@ -122,6 +122,13 @@ func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, 
 	if err != nil {
 		return zero, err
 	}
+	// Another run of this workflow with the key presents the same token: wait for it here,
+	// since the ledger would take this run for that one.
+	leave, err := s.enter(ctx)
+	if err != nil {
+		return zero, err
+	}
+	defer leave()
 	s.status = Status{Key: s.key, Phase: "running"}
 	if err := workflow.SetQueryHandler(ctx, QueryStatus, func() (Status, error) { return s.status, nil }); err != nil {
 		return zero, err
@@ -144,7 +151,7 @@ func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, 
 	s.marker = begun.Compensating
 	stop := s.keepHolding(ctx)
 	defer stop()
-	out, err := fn(ctx, s)
+	out, err := fn(workflow.WithValue(ctx, heldKey(s.key), true), s)
 	return finish(ctx, s, out, err)
 }
 
@@ -250,7 +257,7 @@ func runUnheld[T any](ctx workflow.Context, s *Saga, fn func(ctx workflow.Contex
 		s.status.Phase = "ended"
 		return replay[T](begun)
 	}
-	out, err := fn(ctx, s)
+	out, err := fn(workflow.WithValue(ctx, heldKey(s.key), true), s)
 	var end Recorded
 	if err == nil {
 		body, merr := json.Marshal(out)
