@@ -1,17 +1,24 @@
 package saga_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
+	ttestsuite "go.temporal.io/sdk/testsuite"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/policy"
 	"github.com/oncekit/oncekit/saga"
+	"github.com/oncekit/oncekit/testsuite"
 )
 
 // ran is how one saga.Run of a workflow ended, as the workflow saw it.
@@ -55,6 +62,32 @@ func twiceWorkflow(ctx workflow.Context, tr transfer, concurrent bool) ([]ran, e
 		workflow.Go(ctx, func(ctx workflow.Context) {
 			defer wg.Done()
 			out[i] = ranOf(transferWorkflow(ctx, tr))
+		})
+	}
+	wg.Wait(ctx)
+	return out, nil
+}
+
+// countingWorkflow runs a two-step saga with the key "count" in each of two coroutines
+// at once; its steps and compensations are counters.
+func countingWorkflow(ctx workflow.Context) ([]ran, error) {
+	ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
+		RetryPolicy: &temporal.RetryPolicy{MaximumAttempts: 1}})
+	fn := func(ctx workflow.Context, s *saga.Saga) (string, error) {
+		for _, step := range []string{"a", "b"} {
+			if err := s.Do(ctx, saga.Step{Name: step, Activity: "count", Args: []any{step}, Compensation: "count", CompensationArgs: []any{"undo-" + step}}, nil); err != nil {
+				return "", err
+			}
+		}
+		return "done", nil
+	}
+	out := make([]ran, 2)
+	wg := workflow.NewWaitGroup(ctx)
+	for i := range out {
+		wg.Add(1)
+		workflow.Go(ctx, func(ctx workflow.Context) {
+			defer wg.Done()
+			out[i] = ranOf(saga.Run(ctx, &saga.Opts{Key: "count"}, fn))
 		})
 	}
 	wg.Wait(ctx)
@@ -106,6 +139,30 @@ func TestRun_SameKeyTwiceInOneWorkflow(t *testing.T) {
 			})
 		}
 	}
+	// On Temporal's own environment with the in-memory records, where both runs start
+	// before either ends.
+	t.Run("InMemoryRecords", func(t *testing.T) {
+		t.Parallel()
+		var s ttestsuite.WorkflowTestSuite
+		s.SetLogger(devenv.QuietLogger())
+		env := s.NewTestWorkflowEnvironment()
+		testsuite.RegisterSagaInMemory(env)
+		var mu sync.Mutex
+		calls := map[string]int{}
+		env.RegisterActivityWithOptions(func(_ context.Context, name string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls[name]++
+			return nil
+		}, tactivity.RegisterOptions{Name: "count"})
+		env.RegisterWorkflowWithOptions(countingWorkflow, workflow.RegisterOptions{Name: "counting"})
+		env.ExecuteWorkflow("counting")
+		require.NoError(t, env.GetWorkflowError())
+		var got []ran
+		require.NoError(t, env.GetWorkflowResult(&got))
+		require.Equal(t, []ran{{Out: "done"}, {Out: "done"}}, got)
+		require.Equal(t, map[string]int{"a": 1, "b": 1}, calls, "the saga's steps ran once")
+	})
 	// A saga's function that runs the saga of its own key would wait for itself: it is
 	// refused, and the outer saga compensates.
 	t.Run("NestedIsRefused", func(t *testing.T) {
