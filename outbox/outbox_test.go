@@ -359,3 +359,40 @@ func TestOutbox_Purge(t *testing.T) {
 	require.Equal(t, outbox.Stats{Pending: 1}, st)
 	testsuite.RequireExactlyOnce(t.Context(), t, b.pool, `SELECT count(*) FROM `+b.schema+`.outbox_events WHERE id = $1`, pending)
 }
+
+// A purge with a pause waits between its statements and ends, with what it deleted so
+// far, when its context is cancelled during a pause.
+func TestOutbox_PurgePause(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for i := range 5 {
+		b.produce(t, fmt.Sprintf("acc-p%d", i), 1)
+	}
+	b.drain(t, b.dispatcher(t, outbox.PublisherFunc(func(context.Context, outbox.Event) error { return nil }), nil))
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type outcome struct {
+		res outbox.PurgeResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := b.out.Purge(pctx, &outbox.PurgeOpts{PublishedRetention: time.Nanosecond, BatchSize: 2, Pause: time.Hour})
+		done <- outcome{res, err}
+	}()
+	require.Eventually(t, func() bool {
+		st, err := b.out.Stats(ctx)
+		return err == nil && st.Published == 3
+	}, 30*time.Second, 10*time.Millisecond, "the first statement deletes 2 of 5")
+	cancel()
+	select {
+	case o := <-done:
+		require.ErrorIs(t, o.err, context.Canceled)
+		require.Equal(t, outbox.PurgeResult{Deleted: 2, Batches: 1}, o.res)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the purge did not end when its context was cancelled during a pause")
+	}
+	_, err := b.out.Purge(ctx, &outbox.PurgeOpts{Pause: -time.Second})
+	require.Error(t, err, "a negative pause is refused")
+}
