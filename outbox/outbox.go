@@ -404,6 +404,12 @@ type PurgeResult struct {
 	Batches int
 }
 
+// purgeSQL deletes published events older than $2, oldest first, through the index of
+// published events (outbox migration 004).
+func (o *Outbox) purgeSQL() string {
+	return pgsql.PurgeSQL(o.t, "state = 'published' AND published_at < $2", "published_at")
+}
+
 // Purge deletes published events older than the retention, in batches, oldest first;
 // many purgers may run at once. Pending and dead events are never purged.
 func (o *Outbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
@@ -414,8 +420,7 @@ func (o *Outbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error
 	before := time.Now().Add(-config.Or(c.PublishedRetention, PublishedRetentionDefault))
 	var res PurgeResult
 	var err error
-	res.Deleted, res.Batches, err = pgsql.Purge(ctx, o.pool, pgsql.PurgeSQL(o.t, "state = 'published' AND published_at < $2", "seq"),
-		config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, c.Pause, before)
+	res.Deleted, res.Batches, err = pgsql.Purge(ctx, o.pool, o.purgeSQL(), config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, c.Pause, before)
 	o.tel.purge(ctx, res.Deleted)
 	if err != nil {
 		return res, fmt.Errorf("oncekit/outbox: purge: %w", err)

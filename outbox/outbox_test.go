@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -358,6 +359,35 @@ func TestOutbox_Purge(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.Stats{Pending: 1}, st)
 	testsuite.RequireExactlyOnce(t.Context(), t, b.pool, `SELECT count(*) FROM `+b.schema+`.outbox_events WHERE id = $1`, pending)
+}
+
+// A purge statement reads the oldest published events through their index: its plan
+// has no sequential scan of the outbox even where sequential scans are priced out, so a
+// purge of millions of events does not read the whole table once per batch.
+func TestOutbox_PurgeReadsPublishedIndex(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var plan strings.Builder
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, "EXPLAIN "+outbox.PurgeSQL(b.out), 1000, time.Now())
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				return err
+			}
+			plan.WriteString(line + "\n")
+		}
+		return rows.Err()
+	}))
+	require.Contains(t, plan.String(), "outbox_events_published_idx", plan.String())
+	require.NotContains(t, plan.String(), "Seq Scan", plan.String())
 }
 
 // A purge with a pause waits between its statements and ends, with what it deleted so
