@@ -209,7 +209,7 @@ func fill(ctx context.Context, pool *pgxpool.Pool, table, insert string, n int, 
 	start := time.Now()
 	const chunk = 1_000_000
 	for lo := 0; lo < n; lo += chunk {
-		if err := exec(insert, lo, min(lo+chunk, n), n, gen); err != nil {
+		if err := exec(insert, lo, min(lo+chunk, n), float64(n), gen); err != nil {
 			return fmt.Errorf("fill %s: %w", table, err)
 		}
 		fmt.Fprintf(os.Stderr, "bench: %s: %d of %d rows (%s)\n", table, min(lo+chunk, n), n, time.Since(start).Round(time.Second))
@@ -343,8 +343,10 @@ func (b scaleBench) measurePurge(ctx context.Context, pool *pgxpool.Pool, prefix
 	op func(context.Context) error, between func(ctx context.Context, done int) error, emit func(string, float64)) error {
 	const clients, tick = 2, 5 * time.Millisecond
 	for k, r := range runs {
-		if _, err := pool.Exec(ctx, "VACUUM "+table+"; CHECKPOINT"); err != nil {
-			return err
+		for _, sql := range []string{"VACUUM " + table, "CHECKPOINT"} {
+			if _, err := pool.Exec(ctx, sql); err != nil {
+				return err
+			}
 		}
 		stop := make(chan struct{})
 		time.AfterFunc(b.window, func() { close(stop) })
@@ -610,7 +612,7 @@ func (b scaleBench) inboxPurge(ctx context.Context, pool *pgxpool.Pool, emit fun
 	refill := func(ctx context.Context) error {
 		// n more messages received 48 to 24 hours ago, among the live ones.
 		start := time.Now()
-		_, err := pool.Exec(ctx, fillSQL, 2*n, 3*n, 2*n, gen.Add(-48*time.Hour))
+		_, err := pool.Exec(ctx, fillSQL, 2*n, 3*n, float64(2*n), gen.Add(-48*time.Hour))
 		fmt.Fprintf(os.Stderr, "bench: inbox_messages: %d expired rows added in %s\n", n, time.Since(start).Round(time.Second))
 		return err
 	}
