@@ -61,7 +61,7 @@ func TestUp_AppliesEveryLineOnce(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	require.Equal(t, 7, applied, "each file applied by one caller")
+	require.Equal(t, 8, applied, "each file applied by one caller")
 	require.Equal(t, want, lines(t, pool, target))
 	res, err := migrate.Up(ctx, pool, target)
 	require.NoError(t, err)
