@@ -503,9 +503,10 @@ func (b scaleBench) ledgerSizes(ctx context.Context, pool *pgxpool.Pool, emit fu
 			{"replay", func(ctx context.Context, _ int) error { return replay(recent[rand.IntN(len(recent))]) }},
 		}
 		if size > 0 {
-			// A live generated record: the newest four fifths are live.
+			// A live generated record: the newest four fifths are live, and the newest
+			// three quarters stay live for 90 minutes after the fill.
 			scens = append(scens, scenario{"replay_old", func(ctx context.Context, _ int) error {
-				i := size/5 + 1 + rand.IntN(size-size/5-1)
+				i := size/4 + rand.IntN(size-size/4)
 				tenant, op, key := scaleKey(i)
 				return replay(ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: op}, Key: key, Fingerprint: scaleFingerprint(i)})
 			}})
