@@ -23,10 +23,14 @@ import (
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 	"github.com/oncekit/oncekit/outbox"
 )
 
 const scaleSchema = "oncekit_scale"
+
+// scaleEmptySchema holds the empty ledger that Do is timed on beside the full one.
+const scaleEmptySchema = "oncekit_scale_empty"
 
 // pacedLedger are the options of the paced purges, the ledger's, the inbox's and the
 // outbox's alike.
@@ -419,6 +423,9 @@ func (b scaleBench) run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer pool.Close()
+	if err := migrateSchema(ctx, pool, scaleEmptySchema); err != nil {
+		return err
+	}
 	gen, err := b.ledgerSizes(ctx, pool, emit)
 	if err != nil {
 		return fmt.Errorf("ledger: %w", err)
@@ -460,47 +467,54 @@ func scaleMutation(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
 	return ledger.Response{Code: 201, Body: []byte(`{"status":"created"}`)}, nil
 }
 
-// ledgerSizes fills the ledger to each size in turn and times Do at each: a first
-// execution, the replay of a key completed moments before (replay), and at sizes above
-// zero the replay of a generated, older key (replay_old), each beside the same at the
-// first size; bare, the business transaction without the ledger, shows how the machine
-// itself drifted between sizes.
+// ledgerSizes fills the ledger to each size in turn and times Do at each, beside the
+// same on an empty ledger in a schema of its own (scaleEmptySchema), interleaved, so
+// that the machine's drift falls on both: a first execution (first, first_empty), the
+// replay of a key completed moments before (replay, replay_empty), and at sizes above
+// zero the replay of a generated, older key (replay_old, against replay_empty); bare,
+// the business transaction without the ledger, shows how far the machine itself drifted
+// between sizes.
 func (b scaleBench) ledgerSizes(ctx context.Context, pool *pgxpool.Pool, emit func(string, float64)) (gen time.Time, err error) {
-	l, err := ledger.New(pool, &ledger.Config{Schema: scaleSchema})
+	fp, _ := keys.FingerprintJSON(map[string]any{"item": "bench", "amount": 100})
+	full, err := ledger.New(pool, &ledger.Config{Schema: scaleSchema})
 	if err != nil {
 		return gen, err
 	}
-	fp, _ := keys.FingerprintJSON(map[string]any{"item": "bench", "amount": 100})
-	first := scaleFirst(l, fp)
-	base := map[string][]float64{}
+	empty, err := ledger.New(pool, &ledger.Config{Schema: scaleEmptySchema})
+	if err != nil {
+		return gen, err
+	}
 	for _, size := range b.sizes {
 		gen = time.Now()
 		if err := fill(ctx, pool, "idempotency_records", fillLedger, size, gen); err != nil {
 			return gen, err
 		}
 		emit("scale.ledger.fill_seconds."+sizeLabel(size), time.Since(gen).Seconds())
-		// Keys completed just now, for the replay of a recent key.
-		recent := make([]ledger.Intent, 2000)
-		for i := range recent {
-			tenant, op, _ := scaleKey(rand.IntN(1 << 30))
-			recent[i] = ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: op}, Key: keys.Run(uuid.NewString(), "charge"), Fingerprint: fp}
-			if _, err := l.Do(ctx, recent[i], scaleMutation, nil); err != nil {
-				return gen, err
-			}
+		if _, err := pool.Exec(ctx, "TRUNCATE "+pgx.Identifier{scaleEmptySchema, "idempotency_records"}.Sanitize()); err != nil {
+			return gen, err
 		}
-		replay := func(in ledger.Intent) error {
-			res, err := l.Do(ctx, in, scaleMutation, &ledger.DoOpts{Mode: ledger.ModeLookUpFirst})
-			if err == nil && !res.Replayed {
-				err = errors.New("replay ran the mutation")
+		scens := []scenario{{"bare", func(ctx context.Context, _ int) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := tx.Exec(ctx, insertOrder); return err })
+		}}}
+		for _, side := range []struct {
+			suffix string
+			l      *ledger.Ledger
+		}{{"", full}, {"_empty", empty}} {
+			// Keys completed just now, for the replay of a recent key.
+			recent := make([]ledger.Intent, 2000)
+			for i := range recent {
+				tenant, op, _ := scaleKey(rand.IntN(1 << 30))
+				recent[i] = ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: op}, Key: keys.Run(uuid.NewString(), "charge"), Fingerprint: fp}
+				if _, err := side.l.Do(ctx, recent[i], scaleMutation, nil); err != nil {
+					return gen, err
+				}
 			}
-			return err
-		}
-		scens := []scenario{
-			{"bare", func(ctx context.Context, _ int) error {
-				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := tx.Exec(ctx, insertOrder); return err })
-			}},
-			{"first", func(ctx context.Context, _ int) error { return first(ctx) }},
-			{"replay", func(ctx context.Context, _ int) error { return replay(recent[rand.IntN(len(recent))]) }},
+			first := scaleFirst(side.l, fp)
+			scens = append(scens,
+				scenario{"first" + side.suffix, func(ctx context.Context, _ int) error { return first(ctx) }},
+				scenario{"replay" + side.suffix, func(ctx context.Context, _ int) error {
+					return scaleReplay(ctx, side.l, recent[rand.IntN(len(recent))])
+				}})
 		}
 		if size > 0 {
 			// A live generated record: the newest four fifths are live, and the newest
@@ -508,7 +522,7 @@ func (b scaleBench) ledgerSizes(ctx context.Context, pool *pgxpool.Pool, emit fu
 			scens = append(scens, scenario{"replay_old", func(ctx context.Context, _ int) error {
 				i := size/4 + rand.IntN(size-size/4)
 				tenant, op, key := scaleKey(i)
-				return replay(ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: op}, Key: key, Fingerprint: scaleFingerprint(i)})
+				return scaleReplay(ctx, full, ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: op}, Key: key, Fingerprint: scaleFingerprint(i)})
 			}})
 		}
 		lat, err := timeAll(ctx, b.samples, 10, scens)
@@ -521,23 +535,28 @@ func (b scaleBench) ledgerSizes(ctx context.Context, pool *pgxpool.Pool, emit fu
 			p := "scale.ledger." + s.name
 			emit(p+"_p50_us."+label, quantile(xs, 0.5))
 			emit(p+"_p99_us."+label, quantile(xs, 0.99))
-			ref, ok := base[s.name]
-			if s.name == "replay_old" {
-				ref, ok = base["replay"]
-			}
-			if ok {
-				emit(p+"_p50_ratio."+label, quantile(xs, 0.5)/quantile(ref, 0.5))
-				emit(p+"_p99_ratio."+label, quantile(xs, 0.99)/quantile(ref, 0.99))
+		}
+		for _, r := range [][2]string{{"first", "first_empty"}, {"replay", "replay_empty"}, {"replay_old", "replay_empty"}} {
+			if xs, ok := lat[r[0]]; ok {
+				ref := lat[r[1]]
+				emit("scale.ledger."+r[0]+"_vs_empty_p50."+label, quantile(xs, 0.5)/quantile(ref, 0.5))
+				emit("scale.ledger."+r[0]+"_vs_empty_p99."+label, quantile(xs, 0.99)/quantile(ref, 0.99))
 			}
 		}
-		if len(base) == 0 {
-			base = lat
-		}
-		if err := tableBytes(ctx, pool, "idempotency_records", size+len(recent)+b.samples, "scale.ledger."+label+".", emit); err != nil {
+		if err := tableBytes(ctx, pool, "idempotency_records", size+2000+b.samples, "scale.ledger."+label+".", emit); err != nil {
 			return gen, err
 		}
 	}
 	return gen, nil
+}
+
+// scaleReplay replays in, which must have been completed.
+func scaleReplay(ctx context.Context, l *ledger.Ledger, in ledger.Intent) error {
+	res, err := l.Do(ctx, in, scaleMutation, &ledger.DoOpts{Mode: ledger.ModeLookUpFirst})
+	if err == nil && !res.Replayed {
+		err = errors.New("replay ran the mutation")
+	}
+	return err
 }
 
 // scaleFingerprint is the fingerprint fillLedger stores for record i: the replay of an
@@ -718,4 +737,18 @@ func (b scaleBench) outboxPurge(ctx context.Context, pool *pgxpool.Pool, emit fu
 		return tableBytes(ctx, pool, "outbox_events", 4*n, "scale.outbox."+sizeLabel(4*n)+".indexed.", emit)
 	}
 	return b.measurePurge(ctx, pool, "scale.outbox."+sizeLabel(n)+".", "outbox_events", runs, publish, index, emit)
+}
+
+// migrateSchema recreates schema with oncekit's tables.
+func migrateSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		return err
+	}
+	_, err = migrate.Up(ctx, conn.Conn(), schema)
+	return err
 }
