@@ -7,7 +7,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: help demo soak test stress bench bench-check lint fmt fuzz temporal-cli
+.PHONY: help demo soak test stress bench bench-scale bench-check lint fmt fuzz temporal-cli
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -33,6 +33,10 @@ temporal-cli: ## Build the Temporal CLI (dev server) into ~/.cache/oncekit once;
 
 bench: temporal-cli ## Measure every guard side by side with its bare peer; prints "metric <name> <value>".
 	$(GO) run ./tools/bench
+
+SCALE_SIZES ?= 0 10000000 50000000
+bench-scale: ## The ledger, inbox and outbox as their tables grow to SCALE_SIZES records, and their purges (hours; about 40 GiB of disk).
+	SCALE_SIZES="$(SCALE_SIZES)" $(GO) run ./tools/bench -only scale
 
 bench-check: temporal-cli ## Run every benchmark briefly, so that none rots.
 	$(GO) run ./tools/bench -quick

@@ -392,6 +392,10 @@ type PurgeOpts struct {
 	// MaxBatches stops the purge after this many statements; 0 runs until no such event
 	// is left. Defaults to 0.
 	MaxBatches int
+	// Pause is how long the purge waits between two statements, which leaves a core,
+	// the disk and the WAL to the dispatchers and producers the purge runs beside.
+	// Defaults to 0: no pause.
+	Pause time.Duration
 }
 
 // PurgeResult reports what [Outbox.Purge] deleted.
@@ -400,18 +404,23 @@ type PurgeResult struct {
 	Batches int
 }
 
+// purgeSQL deletes published events older than $2, oldest first, through the index of
+// published events (outbox migration 004).
+func (o *Outbox) purgeSQL() string {
+	return pgsql.PurgeSQL(o.t, "state = 'published' AND published_at < $2", "published_at")
+}
+
 // Purge deletes published events older than the retention, in batches, oldest first;
 // many purgers may run at once. Pending and dead events are never purged.
 func (o *Outbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
 	c := config.Of(opts)
-	if c.PublishedRetention < 0 || c.BatchSize < 0 || c.MaxBatches < 0 {
+	if c.PublishedRetention < 0 || c.BatchSize < 0 || c.MaxBatches < 0 || c.Pause < 0 {
 		return PurgeResult{}, errors.New("oncekit/outbox: PurgeOpts values must not be negative")
 	}
 	before := time.Now().Add(-config.Or(c.PublishedRetention, PublishedRetentionDefault))
 	var res PurgeResult
 	var err error
-	res.Deleted, res.Batches, err = pgsql.Purge(ctx, o.pool, pgsql.PurgeSQL(o.t, "state = 'published' AND published_at < $2", "seq"),
-		config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, before)
+	res.Deleted, res.Batches, err = pgsql.Purge(ctx, o.pool, o.purgeSQL(), config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, c.Pause, before)
 	o.tel.purge(ctx, res.Deleted)
 	if err != nil {
 		return res, fmt.Errorf("oncekit/outbox: purge: %w", err)

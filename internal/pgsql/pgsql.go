@@ -94,10 +94,21 @@ func PurgeSQL(table, where, order string) string {
 }
 
 // Purge runs a statement from [PurgeSQL] in batches of batch rows until a batch deletes
-// fewer, or maxBatches statements have run (0: no limit). args are $2 onwards.
-func Purge(ctx context.Context, q Execer, sql string, batch, maxBatches int, args ...any) (deleted int64, batches int, err error) {
+// fewer, or maxBatches statements have run (0: no limit), waiting pause between two
+// statements. args are $2 onwards. A context cancelled during a pause ends the purge
+// with the context's error and what was deleted so far.
+func Purge(ctx context.Context, q Execer, sql string, batch, maxBatches int, pause time.Duration, args ...any) (deleted int64, batches int, err error) {
 	args = append([]any{batch}, args...)
 	for maxBatches == 0 || batches < maxBatches {
+		if batches > 0 && pause > 0 {
+			t := time.NewTimer(pause)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return deleted, batches, ctx.Err()
+			case <-t.C:
+			}
+		}
 		tag, err := q.Exec(ctx, sql, args...)
 		if err != nil {
 			return deleted, batches, err
