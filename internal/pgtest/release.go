@@ -32,9 +32,10 @@ type Release struct {
 }
 
 // Releases are the supported PostgreSQL majors, oldest first, each pinned to one package
-// version. Majors past the end of their community support are not listed: 13 ended in
-// November 2025 and 14 in November 2026.
+// version. 14 stays while servers still run it, though its community support ended in
+// November 2026; 13, which ended a year before, is not listed.
 var Releases = []Release{
+	{14, "14.23.0-beta.17", "sha512-WlG1LDcOwA+V0uYSdSGCwqk/aDPiMX/X23cgNdYY5YcBprXjOH3IFoeCrgeXsct4Ep8LL8UsBP9/Ho2mpoea1w=="},
 	{15, "15.18.0-beta.17", "sha512-TC0kHcDMAusLbQXRc+9KMz1BLJY+ntfPNbwFP79f9IURSxPRgFLy0Ig8oF1J8Wy9Wnj0XdZkMItV3Nov/LwqhA=="},
 	{16, "16.14.0-beta.17", "sha512-8fr7hEiI7XlbPDPsLZJ4RU1NR6jTIDWpf81Sfiwk3T845V0yJJGxjawjkQZmIWVgPW/qY/dMSv0o08FRWJ/zsg=="},
 	{17, "17.10.0-beta.17", "sha512-hU4Sgna19ixDP/l3P/zkHhQ9B0JDV39qA97RNz55QcngeRjFC5/1G36LZjODVJ84kVJHUTQMmly7nzWO8js8kg=="},
@@ -59,7 +60,7 @@ func (e *VersionError) Error() string {
 // Unwrap returns [ErrUnsupportedVersion].
 func (e *VersionError) Unwrap() error { return ErrUnsupportedVersion }
 
-// SupportedMajors lists the majors of [Releases], such as "15, 16, 17, 18".
+// SupportedMajors lists the majors of [Releases], such as "14, 15, 16, 17, 18".
 func SupportedMajors() string {
 	s := make([]string, len(Releases))
 	for i, r := range Releases {
