@@ -25,7 +25,8 @@ test: temporal-cli ## Run every test under -race, against a throwaway PostgreSQL
 
 # The packages whose tests use PostgreSQL and no Temporal server, run by test-pg on each
 # other supported major; PG_VERSIONS empty means every supported major but the one of the
-# machine's own binaries, which make test covers.
+# machine's own binaries, which make test covers. All of them fit CI's budget, so none is
+# left out: on 2 cores, without -race, a major takes 80 to 125 s, the four 6.5 minutes.
 PG_PACKAGES ?= ./ledger ./idempotency ./webhook ./inbox ./outbox ./migrate ./cmd/oncekit ./devenv ./internal/pgtest
 PG_VERSIONS ?=
 PG_TEST_FLAGS ?= -count=1 -timeout 20m
@@ -37,7 +38,7 @@ test-pg: ## Run the PostgreSQL packages on every other supported major (PG_VERSI
 		echo "test-pg: PostgreSQL $$v"; start=$$SECONDS; \
 		if ONCEKIT_PG_VERSION=$$v $(GO) test $(PG_TEST_FLAGS) $(PG_PACKAGES); then \
 			echo "test-pg: PostgreSQL $$v passed in $$((SECONDS - start))s"; \
-		else failed="$$failed $$v"; fi; \
+		else echo "test-pg: PostgreSQL $$v failed in $$((SECONDS - start))s"; failed="$$failed $$v"; fi; \
 	done; \
 	if [ -n "$$failed" ]; then echo "test-pg: failed on PostgreSQL$$failed"; exit 1; fi
 
