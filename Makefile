@@ -7,7 +7,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: help demo soak test stress bench bench-check lint fmt fuzz temporal-cli
+.PHONY: help demo soak test stress bench bench-check lint fmt fuzz temporal-cli oncekit
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -20,8 +20,16 @@ SOAK_FLAGS ?= -orders 10000 -naive=false -concurrency 200 -kill-every 200 -pg-cr
 soak: temporal-cli ## The payment saga for 10,000 orders under faults injected into PostgreSQL and Temporal (about 20 minutes).
 	$(GO) run ./samples/payment $(SOAK_FLAGS)
 
+# The oncekit command is a module of its own, so that the library's users do not get its
+# dependencies: the targets below build, test and lint it from its directory.
+CMD_DIR := cmd/oncekit
+
+oncekit: ## Build the oncekit command (its own module, cmd/oncekit) into bin/oncekit.
+	cd $(CMD_DIR) && $(GO) build -o ../../bin/oncekit .
+
 test: temporal-cli ## Run every test under -race, against a throwaway PostgreSQL and a Temporal dev server.
 	$(GO) test -race -count=1 -timeout 20m ./...
+	cd $(CMD_DIR) && $(GO) test -race -count=1 -timeout 10m ./...
 
 STRESS ?= 5m
 stress: ## Run the seeded history checkers of the ledger and the outbox for STRESS each (5m); ONCEKIT_SEED=N replays a seed.
@@ -46,9 +54,12 @@ fuzz: ## Run each fuzz target for FUZZTIME (20s).
 
 lint: $(STATICCHECK) $(GOLANGCI_LINT) ## go vet, gofmt, staticcheck and golangci-lint (.golangci.yml).
 	$(GO) vet ./...
+	cd $(CMD_DIR) && $(GO) vet ./...
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(STATICCHECK) ./...
+	cd $(CMD_DIR) && $(STATICCHECK) ./...
 	$(GOLANGCI_LINT) run ./...
+	cd $(CMD_DIR) && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
 
 $(GOLANGCI_LINT):
 	@mkdir -p $(TOOLS_DIR)/golangci-lint-build

@@ -5,6 +5,7 @@ package archtest
 
 import (
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -24,7 +25,7 @@ var rules = map[string][]string{
 	"webhook":               {"go.temporal.io/", mod + "testsuite"},
 	"inbox":                 {"go.temporal.io/", mod + "testsuite"},
 	"outbox":                {"go.temporal.io/", mod + "testsuite"},
-	"cmd/oncekit":           {"go.temporal.io/", mod + "testsuite"},
+	"cmd/oncekit":           {"go.temporal.io/", mod + "testsuite", mod + "activity", mod + "worker"}, // its own module, checked from its directory
 	"migrate":               {"go.temporal.io/", mod + "testsuite"},
 	"outbox/outboxtemporal": {mod + "testsuite", mod + "worker", mod + "activity"},
 	"activity":              {mod + "testsuite", mod + "worker"},
@@ -41,7 +42,11 @@ var rules = map[string][]string{
 func TestDependencyRules(t *testing.T) {
 	t.Parallel()
 	for pkg, forbidden := range rules {
-		out, err := exec.Command("go", "list", "-deps", mod+pkg).Output()
+		cmd := exec.Command("go", "list", "-deps", mod+pkg)
+		if pkg == "cmd/oncekit" {
+			cmd.Dir = filepath.Join("..", "..", "cmd", "oncekit")
+		}
+		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("go list %s: %v", pkg, err)
 		}
@@ -89,6 +94,21 @@ func TestInternalImportsNoPublicPackage(t *testing.T) {
 			if strings.HasPrefix(dep, mod) && !strings.HasPrefix(dep, mod+"internal/") {
 				t.Errorf("%s imports %s: internal/ packages must stay below the public ones", fields[0], dep)
 			}
+		}
+	}
+}
+
+// What the command needs stays out of the library: no package of this module depends
+// on the command's CLI library, so a program importing oncekit does not get it.
+func TestLibraryGetsNoCommandDependencies(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", "-f", `{{.ImportPath}}`, "./../../...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasPrefix(dep, "github.com/spf13/") {
+			t.Errorf("the module depends on %s: the command's dependencies belong in cmd/oncekit's module", dep)
 		}
 	}
 }
