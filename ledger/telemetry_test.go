@@ -134,8 +134,8 @@ func TestTelemetry_OffByDefault(t *testing.T) {
 }
 
 // Out of the box, without a View: durations fall into buckets from a millisecond up,
-// the scope carries a version, calls carry their span as an exemplar, and pending
-// claims are counted by lease.
+// the meter's and the tracer's scopes carry a version, calls carry their span as an
+// exemplar, and pending claims are counted by lease.
 func TestTelemetry_OutOfTheBox(t *testing.T) {
 	t.Parallel()
 	cfg := &ledger.Config{}
@@ -186,4 +186,11 @@ func TestTelemetry_OutOfTheBox(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]int64{"live": 1, "expired": 1}, pending)
+	spans := probe.spans.GetSpans()
+	require.NotEmpty(t, spans)
+	for _, sp := range spans {
+		if sp.InstrumentationScope.Name == ledger.InstrumentationName {
+			require.Equal(t, rm.ScopeMetrics[0].Scope.Version, sp.InstrumentationScope.Version, "the tracer carries the version too")
+		}
+	}
 }
