@@ -27,6 +27,7 @@ var rules = map[string][]string{
 	"outbox":                {"go.temporal.io/", mod + "testsuite"},
 	"cmd/oncekit":           {"go.temporal.io/", mod + "testsuite", mod + "activity", mod + "worker"}, // its own module, checked from its directory
 	"migrate":               {"go.temporal.io/", mod + "testsuite"},
+	"monitoring":            {"go.temporal.io/", mod + "testsuite"}, // tests alone: the dashboard's and the alerts' check
 	"outbox/outboxtemporal": {mod + "testsuite", mod + "worker", mod + "activity"},
 	"activity":              {mod + "testsuite", mod + "worker"},
 	"worker":                {mod + "testsuite"},
