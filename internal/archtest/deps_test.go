@@ -99,9 +99,11 @@ func TestInternalImportsNoPublicPackage(t *testing.T) {
 	}
 }
 
-// What the command needs stays out of the library: no package of this module depends
-// on the command's CLI library, so a program importing oncekit does not get it.
-func TestLibraryGetsNoCommandDependencies(t *testing.T) {
+// What the command and the demo need stays out of the library: no package of this
+// module depends on the command's CLI library, and none but the samples on an
+// exporter (the payment demo's OTLP export), so a program importing oncekit gets
+// neither.
+func TestLibraryGetsNoCommandOrExporterDependencies(t *testing.T) {
 	t.Parallel()
 	out, err := exec.Command("go", "list", "-deps", "-f", `{{.ImportPath}}`, "./../../...").Output()
 	if err != nil {
@@ -110,6 +112,22 @@ func TestLibraryGetsNoCommandDependencies(t *testing.T) {
 	for _, dep := range strings.Fields(string(out)) {
 		if strings.HasPrefix(dep, "github.com/spf13/") {
 			t.Errorf("the module depends on %s: the command's dependencies belong in cmd/oncekit's module", dep)
+		}
+	}
+	libs, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Deps " "}}`, mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(libs)), "\n") {
+		fields := strings.Fields(line)
+		rel := strings.TrimPrefix(fields[0], mod)
+		if strings.HasPrefix(rel, "samples/") || strings.HasPrefix(rel, "tools/") {
+			continue
+		}
+		for _, dep := range fields[1:] {
+			if strings.HasPrefix(dep, "go.opentelemetry.io/otel/exporters/") {
+				t.Errorf("%s depends on %s: exporters are the application's choice", rel, dep)
+			}
 		}
 	}
 }
