@@ -538,7 +538,7 @@ func (l *Ledger) settleQ(ctx context.Context, q querier, in Intent, wait time.Du
 	slept := false
 	defer func() {
 		if slept {
-			l.tel.waited(in.Scope.Operation, time.Since(start))
+			l.tel.waited(ctx, in.Scope.Operation, time.Since(start))
 		}
 	}()
 	for {
