@@ -36,7 +36,10 @@ type Event struct {
 	OrderingKey string
 	// Payload is the event's body.
 	Payload []byte
-	// Attempts counts publication attempts so far, when a dispatcher hands the event on.
+	// Attempts counts the failed publications of the event so far, as a dispatcher hands
+	// it on or [Outbox.Dead] lists it: those that [DispatcherConfig.MaxAttempts] counts. A
+	// publication cut short by its dispatcher's stop, or left unrecorded by a dispatcher
+	// that died or lost its lease, is not counted.
 	Attempts int
 	// CreatedAt is when it was enqueued.
 	CreatedAt time.Time
