@@ -46,7 +46,6 @@ const publishedIndex = "outbox_events_published_idx"
 // Tables are filled by SQL (generate_series), not by calls, with their indexes built
 // after the load.
 type scaleBench struct {
-	url   string
 	sizes []int
 	// samples is how many operations of each scenario are timed at each size.
 	samples int
