@@ -425,20 +425,47 @@ func (b scaleBench) run(ctx context.Context, out io.Writer) error {
 	if err := migrateSchema(ctx, pool, scaleEmptySchema); err != nil {
 		return err
 	}
-	gen, err := b.ledgerSizes(ctx, pool, emit)
+	tables, err := scaleTables()
 	if err != nil {
-		return fmt.Errorf("ledger: %w", err)
+		return err
 	}
-	if err := b.ledgerPurge(ctx, pool, gen, emit); err != nil {
-		return fmt.Errorf("ledger purge: %w", err)
+	if tables["ledger"] {
+		gen, err := b.ledgerSizes(ctx, pool, emit)
+		if err != nil {
+			return fmt.Errorf("ledger: %w", err)
+		}
+		if err := b.ledgerPurge(ctx, pool, gen, emit); err != nil {
+			return fmt.Errorf("ledger purge: %w", err)
+		}
 	}
-	if err := b.inboxPurge(ctx, pool, emit); err != nil {
-		return fmt.Errorf("inbox purge: %w", err)
+	if tables["inbox"] {
+		if err := b.inboxPurge(ctx, pool, emit); err != nil {
+			return fmt.Errorf("inbox purge: %w", err)
+		}
 	}
-	if err := b.outboxPurge(ctx, pool, emit); err != nil {
-		return fmt.Errorf("outbox purge: %w", err)
+	if tables["outbox"] {
+		if err := b.outboxPurge(ctx, pool, emit); err != nil {
+			return fmt.Errorf("outbox purge: %w", err)
+		}
 	}
 	return nil
+}
+
+// scaleTables reads SCALE_TABLES, the tables the scale group measures ("ledger inbox
+// outbox" unless set).
+func scaleTables() (map[string]bool, error) {
+	s := os.Getenv("SCALE_TABLES")
+	if s == "" {
+		s = "ledger inbox outbox"
+	}
+	tables := map[string]bool{}
+	for _, f := range strings.Fields(s) {
+		if f != "ledger" && f != "inbox" && f != "outbox" {
+			return nil, fmt.Errorf("SCALE_TABLES: %q is not ledger, inbox or outbox", f)
+		}
+		tables[f] = true
+	}
+	return tables, nil
 }
 
 func (b scaleBench) purgeSize() int {
