@@ -377,7 +377,8 @@ func (ib *Inbox) duplicate(ctx context.Context, q pipetx.Sender, subscriber, mes
 // queries holds the inbox's SQL with the schema filled in; each takes $1 subscriber
 // and $2 message ID.
 type queries struct {
-	insert, claim, lookup, reject, purge string
+	insert, claim, lookup, reject string
+	purge                         pgsql.Purge
 }
 
 func newQueries(schema string) queries {
@@ -399,7 +400,7 @@ func newQueries(schema string) queries {
 		// $3 the rejection.
 		reject: `UPDATE ` + t + ` SET state = 'rejected', error = $3 WHERE subscriber = $1 AND message_id = $2`,
 		// $1 batch size.
-		purge: pgsql.PurgeSQL(t, "expires_at <= now()", "expires_at"),
+		purge: pgsql.PurgeSQL(t, []string{"subscriber", "message_id"}, "expires_at <= now()", "expires_at"),
 	}
 }
 
@@ -427,7 +428,7 @@ func (ib *Inbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error
 	}
 	var res PurgeResult
 	var err error
-	res.Deleted, res.Batches, err = pgsql.Purge(ctx, ib.pool, ib.q.purge, config.Or(o.BatchSize, PurgeBatchDefault), o.MaxBatches)
+	res.Deleted, res.Batches, err = ib.q.purge.Run(ctx, ib.pool, config.Or(o.BatchSize, PurgeBatchDefault), o.MaxBatches)
 	ib.tel.purge(ctx, res.Deleted)
 	if err != nil {
 		return res, fmt.Errorf("oncekit/inbox: purge: %w", err)

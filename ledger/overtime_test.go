@@ -64,13 +64,18 @@ func TestDo_ExpiredRecordRunsFnOnce(t *testing.T) {
 	}
 }
 
-// waitForLockWaiters blocks until n sessions wait for an advisory lock.
+// waitForLockWaiters blocks until n sessions wait for an advisory lock. On Citus the
+// waits happen on the worker that holds the key's record, which citus_locks shows.
 func waitForLockWaiters(t *testing.T, pool *pgxpool.Pool, n int) {
 	t.Helper()
+	locks := "pg_locks"
+	if pgtest.IsCitus() {
+		locks = "citus_locks"
+	}
 	require.Eventually(t, func() bool {
 		var waiting int
 		err := pool.QueryRow(context.Background(),
-			"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").Scan(&waiting)
+			"SELECT count(*) FROM "+locks+" WHERE locktype = 'advisory' AND NOT granted").Scan(&waiting)
 		return err == nil && waiting >= n
 	}, 30*time.Second, 5*time.Millisecond, "%d callers waiting", n)
 }

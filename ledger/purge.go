@@ -7,8 +7,6 @@ import (
 	"log/slog"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/oncekit/oncekit/internal/pgsql"
 )
 
 // PurgeBatchDefault is how many records one purge statement deletes at most.
@@ -56,7 +54,7 @@ func (l *Ledger) purge(ctx context.Context, q querier, opts *PurgeOpts) (PurgeRe
 	}
 	var res PurgeResult
 	var err error
-	res.Deleted, res.Batches, err = pgsql.Purge(ctx, q, l.q.purge, o.BatchSize, o.MaxBatches, l.now())
+	res.Deleted, res.Batches, err = l.q.purge.Run(ctx, q, o.BatchSize, o.MaxBatches, l.now())
 	if l.tel.metrics {
 		l.tel.purged.Add(ctx, res.Deleted)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/keys"
 )
 
@@ -32,6 +33,9 @@ type queries struct {
 	claimLocal string
 	claimCheck string
 	claimProbe string
+	// A refused claim waits for the key's lock with waitLock, on the node the claim
+	// takes it on.
+	waitLock string
 	// The local mode inserts its record, with the result, just before it commits,
 	// replacing an expired record of the key.
 	insertCompleted string
@@ -43,7 +47,7 @@ type queries struct {
 	release   string
 	uncertain string
 	extend    string
-	purge     string
+	purge     pgsql.Purge
 	// Operators read and change records whatever their owner.
 	list, stats, forceRelease, evict string
 }
@@ -68,6 +72,7 @@ func newQueries(schema string) queries {
 		claimLocal:      load("claim_local"),
 		claimCheck:      load("claim_check"),
 		claimProbe:      load("claim_probe"),
+		waitLock:        load("wait_lock"),
 		insertCompleted: load("insert_completed"),
 		insertFailed:    load("insert_failed"),
 		claim:           load("claim"),
@@ -76,7 +81,7 @@ func newQueries(schema string) queries {
 		release:         load("release"),
 		uncertain:       load("uncertain"),
 		extend:          load("extend"),
-		purge:           load("purge"),
+		purge:           pgsql.Purge{Table: t, Local: load("purge"), ByKey: load("purge_by_key")},
 		list:            load("list"),
 		stats:           load("stats"),
 		forceRelease:    load("force_release"),

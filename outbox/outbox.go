@@ -410,11 +410,16 @@ func (o *Outbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error
 	before := time.Now().Add(-config.Or(c.PublishedRetention, PublishedRetentionDefault))
 	var res PurgeResult
 	var err error
-	res.Deleted, res.Batches, err = pgsql.Purge(ctx, o.pool, pgsql.PurgeSQL(o.t, "state = 'published' AND published_at < $2", "seq"),
+	res.Deleted, res.Batches, err = o.purgeSQL().Run(ctx, o.pool,
 		config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, before)
 	o.tel.purge(ctx, res.Deleted)
 	if err != nil {
 		return res, fmt.Errorf("oncekit/outbox: purge: %w", err)
 	}
 	return res, nil
+}
+
+// purgeSQL is Purge's statement: published events older than $2, oldest first.
+func (o *Outbox) purgeSQL() pgsql.Purge {
+	return pgsql.PurgeSQL(o.t, []string{"id"}, "state = 'published' AND published_at < $2", "seq")
 }
