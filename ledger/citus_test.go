@@ -68,7 +68,7 @@ func TestCitus_GuardedCallStaysOnTheTenantsNode(t *testing.T) {
 			errc := make(chan error, 1)
 			go func() {
 				_, err := l.Do(ctx, intent(t, tenant, "k-"+tenant, order{Item: "book"}), func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
-					if _, err := tx.Exec(ctx, `INSERT INTO accounts (tenant, id, item) VALUES ($1, 1, 'book')`, tenant); err != nil {
+					if _, err := tx.Exec(ctx, `INSERT INTO accounts (tenant, id, item) VALUES ($1::text, 1, 'book')`, tenant); err != nil {
 						return ledger.Response{}, err
 					}
 					var gpid int64
@@ -119,7 +119,7 @@ func TestCitus_GuardedCallStaysOnTheTenantsNode(t *testing.T) {
 		require.Len(t, tenants, 2, "a tenant on each worker")
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			for _, tenant := range tenants {
-				if _, err := tx.Exec(ctx, `INSERT INTO accounts (tenant, id, item) VALUES ($1, 2, 'pen')`, tenant); err != nil {
+				if _, err := tx.Exec(ctx, `INSERT INTO accounts (tenant, id, item) VALUES ($1::text, 2, 'pen')`, tenant); err != nil {
 					return err
 				}
 			}
