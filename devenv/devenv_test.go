@@ -2,6 +2,11 @@ package devenv_test
 
 import (
 	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,4 +50,29 @@ func TestEnv_PostgresFaults(t *testing.T) {
 	errC := conn.QueryRow(ctx, `SELECT 1`).Scan(&one)
 	require.True(t, errV != nil || errC != nil, "one of the two connections was terminated")
 	require.ErrorIs(t, env.CrashTemporal(ctx, 0), devenv.ErrNotOwned)
+}
+
+// A kept cluster's instructions name the binary of the server that wrote its data, which
+// is not the one on PATH when ONCEKIT_PG_VERSION chose another major.
+func TestEnv_KeptAtNamesTheServersBinary(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	ctx := context.Background()
+	env, err := devenv.Start(ctx, &devenv.Config{NoTemporal: true, Keep: true})
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, env.DatabaseURL)
+	require.NoError(t, err)
+	var version string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT current_setting('server_version')`).Scan(&version))
+	require.NoError(t, conn.Close(ctx))
+	kept := env.KeptAt()
+	require.NoError(t, env.Close())
+
+	m := regexp.MustCompile(`\n  (\S+) -D (\S+)/data `).FindStringSubmatch(kept)
+	require.NotNil(t, m, kept)
+	t.Cleanup(func() { _ = os.RemoveAll(m[2]) })
+	require.True(t, filepath.IsAbs(m[1]), "an absolute path: %s", m[1])
+	out, err := exec.Command(m[1], "--version").Output()
+	require.NoError(t, err)
+	require.Contains(t, string(out), " "+strings.Fields(version)[0], "the binary is the server's own version")
+	require.DirExists(t, filepath.Join(m[2], "data"))
 }

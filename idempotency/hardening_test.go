@@ -303,6 +303,20 @@ func TestMiddleware_OperationNameAndRetention(t *testing.T) {
 	require.Equal(t, "POST /orders/{id}/refund", idempotency.Operation(req, "/orders/{id}/refund"))
 }
 
+// A method the client makes up must not make an operation of its own: each would be a
+// metric series and a scope.
+func TestMiddleware_MadeUpMethodsShareOneOperation(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for i := range 20 {
+		req := httptest.NewRequest(fmt.Sprintf("X%dMETHOD", i), "/items/1", nil)
+		seen[idempotency.Operation(req, "/items/{id}")] = true
+	}
+	require.Equal(t, map[string]bool{idempotency.MethodOther + " /items/{id}": true}, seen)
+	req := httptest.NewRequest(http.MethodPatch, "/items/1", nil)
+	require.Equal(t, "PATCH /items/{id}", idempotency.Operation(req, "/items/{id}"))
+}
+
 // A guarded handler writes to a buffer that reaches the client only after the commit,
 // so it cannot stream: Flush and Hijack are not supported, as the package says.
 func TestMiddleware_GuardedHandlerCannotStream(t *testing.T) {

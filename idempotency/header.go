@@ -15,7 +15,9 @@ var (
 // ParseKey extracts the key from the header's field values. It accepts exactly one
 // value: a Structured Field string ("..." with \" and \\ escapes, printable ASCII), or a
 // bare token of printable ASCII without spaces, quotes, commas or semicolons.
-// Parameters (;name=value) are ignored, as Structured Fields allow them.
+// Parameters (;name=value) are ignored, as Structured Fields allow them. ParseKey
+// checks the syntax alone: the middleware then validates the key's length (1 to
+// keys.MaxLenDefault bytes) with keys.New.
 func ParseKey(values []string) (string, error) {
 	switch len(values) {
 	case 0:

@@ -398,12 +398,33 @@ func failureStatus(code string) (int, bool) {
 
 // Operation names the operation of a request: "METHOD route", the method said once
 // even when the route (a ServeMux pattern such as "POST /orders") begins with it, and
-// mapped by keys.ScopePart when it is not a valid scope part.
+// mapped by keys.ScopePart when it is not a valid scope part. A method that RFC 9110
+// and RFC 5789 do not define is named [MethodOther], as OpenTelemetry names it, so that
+// a client cannot make one series per method it makes up; the fingerprint still covers
+// the method itself.
 func Operation(r *http.Request, route string) string {
-	if m, rest, ok := strings.Cut(route, " "); ok && m == r.Method {
+	method := r.Method
+	if !knownMethod(method) {
+		method = MethodOther
+	}
+	if m, rest, ok := strings.Cut(route, " "); ok && m == method {
 		route = strings.TrimLeft(rest, " ")
 	}
-	return keys.ScopePart(r.Method + " " + route)
+	return keys.ScopePart(method + " " + route)
+}
+
+// MethodOther stands for every request method that HTTP does not define, in an
+// operation's name.
+const MethodOther = "_OTHER"
+
+// knownMethod reports whether m is a method RFC 9110 or RFC 5789 (PATCH) defines.
+func knownMethod(m string) bool {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
 }
 
 // fingerprint covers everything that makes a request different: the method, the

@@ -30,6 +30,10 @@ type bundle struct {
 	schema string
 	calls  *int64
 	mu     *sync.Mutex
+	// holding receives when a request for the item "held" is in the handler, which then
+	// waits until release is closed.
+	holding chan struct{}
+	release chan struct{}
 }
 
 // setup serves POST /orders, which inserts an order through the ledger's transaction
@@ -53,7 +57,8 @@ func setupWithLedger(t *testing.T, lcfg *ledger.Config, configure func(*idempote
 	lc.Schema = schema
 	l, err := ledger.New(pool, &lc)
 	require.NoError(t, err)
-	b := &bundle{pool: pool, schema: schema, calls: new(int64), mu: &sync.Mutex{}}
+	b := &bundle{pool: pool, schema: schema, calls: new(int64), mu: &sync.Mutex{},
+		holding: make(chan struct{}, 1), release: make(chan struct{})}
 	cfg := &idempotency.Config{Ledger: l, TenantFunc: func(r *http.Request) (string, error) {
 		if c := r.Header.Get("X-Client"); c != "" {
 			return c, nil
@@ -90,6 +95,10 @@ func setupWithLedger(t *testing.T, lcfg *ledger.Config, configure func(*idempote
 		}
 		if req.Item == "slow" {
 			time.Sleep(100 * time.Millisecond)
+		}
+		if req.Item == "held" {
+			b.holding <- struct{}{}
+			<-b.release
 		}
 		var id int64
 		if err := tx.QueryRow(r.Context(), `INSERT INTO orders (tenant, item) VALUES ($1, $2) RETURNING id`, r.Header.Get("X-Client"), req.Item).Scan(&id); err != nil {
@@ -224,27 +233,28 @@ func TestMiddleware_ConcurrentIdenticalRequests(t *testing.T) {
 func TestMiddleware_InFlightDuplicateGets409(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
+	release := sync.OnceFunc(func() { close(b.release) })
+	t.Cleanup(release)
+	first := make(chan reply, 1)
+	go func() { first <- b.post(t, "acme", `"dup"`, `{"item":"held"}`) }()
+	select {
+	case <-b.holding: // the first request holds the key, in its handler
+	case <-time.After(time.Minute):
+		t.Fatal("the first request did not reach its handler")
+	}
 	var wg sync.WaitGroup
 	replies := make([]reply, 8)
 	for i := range replies {
-		wg.Go(func() { replies[i] = b.post(t, "acme", `"dup"`, `{"item":"slow"}`) })
+		wg.Go(func() { replies[i] = b.post(t, "acme", `"dup"`, `{"item":"held"}`) })
 	}
 	wg.Wait()
-	created, conflicts := 0, 0
+	release()
 	for _, r := range replies {
-		switch r.status {
-		case http.StatusCreated:
-			created++
-		case http.StatusConflict:
-			conflicts++
-			require.Equal(t, idempotency.ProblemInProgress, problemType(t, r))
-			require.Equal(t, "1", r.header.Get("Retry-After"))
-		default:
-			t.Fatalf("unexpected %d %s", r.status, r.body)
-		}
+		require.Equal(t, http.StatusConflict, r.status, string(r.body))
+		require.Equal(t, idempotency.ProblemInProgress, problemType(t, r))
+		require.Equal(t, "1", r.header.Get("Retry-After"))
 	}
-	require.Positive(t, conflicts)
-	require.Positive(t, created)
+	require.Equal(t, http.StatusCreated, (<-first).status)
 	require.Equal(t, 1, b.orders(t))
 }
 

@@ -412,6 +412,10 @@ type PurgeOpts struct {
 	// MaxBatches stops the purge after this many statements; 0 runs until no expired
 	// record is left. Defaults to 0.
 	MaxBatches int
+	// Pause is how long the purge waits between two statements, which leaves a core,
+	// the disk and the WAL to the traffic the purge runs beside. Defaults to 0: no
+	// pause.
+	Pause time.Duration
 }
 
 // PurgeResult reports what [Inbox.Purge] deleted.
@@ -423,12 +427,12 @@ type PurgeResult struct {
 // Purge deletes expired records in batches, oldest first; many purgers may run at once.
 func (ib *Inbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
 	o := config.Of(opts)
-	if o.BatchSize < 0 || o.MaxBatches < 0 {
+	if o.BatchSize < 0 || o.MaxBatches < 0 || o.Pause < 0 {
 		return PurgeResult{}, errors.New("oncekit/inbox: PurgeOpts values must not be negative")
 	}
 	var res PurgeResult
 	var err error
-	res.Deleted, res.Batches, err = ib.q.purge.Run(ctx, ib.pool, config.Or(o.BatchSize, PurgeBatchDefault), o.MaxBatches)
+	res.Deleted, res.Batches, err = ib.q.purge.Run(ctx, ib.pool, config.Or(o.BatchSize, PurgeBatchDefault), o.MaxBatches, o.Pause)
 	ib.tel.purge(ctx, res.Deleted)
 	if err != nil {
 		return res, fmt.Errorf("oncekit/inbox: purge: %w", err)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -196,4 +197,43 @@ func modeOf(withFirst bool) inbox.Mode {
 		return inbox.ModeRecordWithFirstStatement
 	}
 	return inbox.ModeRecordFirst
+}
+
+// A purge with a pause waits between its statements and ends, with what it deleted so
+// far, when its context is cancelled during a pause.
+func TestInbox_PurgePause(t *testing.T) {
+	t.Parallel()
+	ib, pool := setup(t)
+	ctx := context.Background()
+	for i := range 5 {
+		_, err := ib.Handle(ctx, "billing", fmt.Sprintf("old-%d", i), credit("x"))
+		require.NoError(t, err)
+	}
+	_, err := pool.Exec(ctx, `UPDATE inbox_messages SET expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type outcome struct {
+		res inbox.PurgeResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := ib.Purge(pctx, &inbox.PurgeOpts{BatchSize: 2, Pause: time.Hour})
+		done <- outcome{res, err}
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		return pool.QueryRow(ctx, `SELECT count(*) FROM inbox_messages`).Scan(&n) == nil && n == 3
+	}, 30*time.Second, 10*time.Millisecond, "the first statement deletes 2 of 5")
+	cancel()
+	select {
+	case o := <-done:
+		require.ErrorIs(t, o.err, context.Canceled)
+		require.Equal(t, inbox.PurgeResult{Deleted: 2, Batches: 1}, o.res)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the purge did not end when its context was cancelled during a pause")
+	}
+	_, err = ib.Purge(ctx, &inbox.PurgeOpts{Pause: -time.Second})
+	require.Error(t, err, "a negative pause is refused")
 }

@@ -144,9 +144,21 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 		}
 		lease := &Lease{Intent: in, Token: token}
 		var createdAt time.Time
-		err = q.QueryRow(ctx, l.q.claim, in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(),
-			string(in.Fingerprint), token, pgsql.Interval(o.Lease), pgsql.Interval(l.retention(in.Scope.Operation, o.Retention)),
-		).Scan(&lease.Attempt, &lease.Uncertain, &lease.Until, &createdAt)
+		args := []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(),
+			string(in.Fingerprint), token, pgsql.Interval(o.Lease), pgsql.Interval(l.retention(in.Scope.Operation, o.Retention))}
+		dest := []any{&lease.Attempt, &lease.Uncertain, &lease.Until, &createdAt}
+		if tx, ok := q.(pgx.Tx); ok {
+			err = l.claimInTx(ctx, tx, o.Wait-time.Since(start), args, dest)
+			if pgsql.Code(err) == pgsql.LockNotAvailable {
+				// An uncommitted attempt holds the key past the call's wait or deadline.
+				if cerr := ctx.Err(); cerr != nil {
+					return ClaimResult{}, cerr
+				}
+				return ClaimResult{}, &InProgressError{Scope: in.Scope, Key: in.Key, Waited: time.Since(start)}
+			}
+		} else {
+			err = q.QueryRow(ctx, l.q.claim, args...).Scan(dest...)
+		}
 		if err == nil {
 			lease.Redrive = lease.Attempt > 1
 			return ClaimResult{Lease: lease, Result: Result{Attempts: lease.Attempt, CreatedAt: createdAt}}, nil
@@ -161,6 +173,64 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 		}
 	}
 }
+
+// claimInTx sends the claim inside the caller's transaction, with its wait for another
+// transaction's uncommitted record of the key bounded on the server by lock_timeout: by
+// what is left of the call's wait, and never past the context's deadline. A deadline
+// that pgx enforced would close the connection, and the caller's transaction with it;
+// PostgreSQL's lock timeout fails the statement alone, which a savepoint undoes. The
+// caller's lock_timeout is restored afterwards.
+func (l *Ledger) claimInTx(ctx context.Context, tx pgx.Tx, wait time.Duration, args, dest []any) error {
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl))
+	}
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT oncekit_claim")
+	b.Queue(keepLockTimeout, lockTimeout(wait))
+	b.Queue(l.q.claim, args...)
+	b.Queue(restoreLockTimeout)
+	b.Queue("RELEASE SAVEPOINT oncekit_claim")
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(wait, 0)+holdGrace)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			cancel()
+		}
+	})
+	defer stop()
+	br := tx.SendBatch(wctx, b)
+	_, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		err = br.QueryRow().Scan(dest...)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil && pgsql.Code(err) != "" {
+		// The statement failed on the server: undo the savepoint, and with it the
+		// lock_timeout set inside it, so that the caller's transaction goes on.
+		if _, rerr := tx.Exec(context.WithoutCancel(ctx), "ROLLBACK TO SAVEPOINT oncekit_claim; RELEASE SAVEPOINT oncekit_claim"); rerr != nil {
+			return errors.Join(err, rerr)
+		}
+	}
+	return err
+}
+
+// keepLockTimeout keeps the transaction's lock_timeout aside and sets another;
+// restoreLockTimeout puts it back.
+const (
+	keepLockTimeout    = "SELECT set_config('oncekit.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', $1, true)"
+	restoreLockTimeout = "SELECT set_config('lock_timeout', current_setting('oncekit.lock_timeout'), true)"
+)
 
 // resume returns the lease of a pending record that token owns and whose lease is live.
 func (l *Ledger) resume(ctx context.Context, q querier, in Intent, token uuid.UUID) (ClaimResult, bool, error) {

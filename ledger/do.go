@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/oncekit/oncekit/internal/faultpoint"
 	"github.com/oncekit/oncekit/internal/pgsql"
@@ -434,6 +435,10 @@ func (a *attempt) execute(ctx context.Context, fn Func, retention time.Duration)
 		if errors.Is(err, ErrTxAborted) {
 			return Result{}, errors.Join(err, aerr)
 		}
+		if _, own := lt.(*ownTx); own && pgsql.Code(err) == "" && !pgconn.SafeToRetry(err) {
+			// COMMIT may have reached the server and run after the connection was lost.
+			return Result{}, &OutcomeUnknownError{Scope: in.Scope, Key: in.Key, Err: errors.Join(err, aerr)}
+		}
 		return Result{}, fmt.Errorf("oncekit/ledger: %s of %s in %s: %w", what, quoteKey(in.Key), in.Scope, errors.Join(err, aerr))
 	}
 	if derr != nil {
@@ -533,7 +538,7 @@ func (l *Ledger) settleQ(ctx context.Context, q querier, in Intent, wait time.Du
 	slept := false
 	defer func() {
 		if slept {
-			l.tel.waited(in.Scope.Operation, time.Since(start))
+			l.tel.waited(ctx, in.Scope.Operation, time.Since(start))
 		}
 	}()
 	for {

@@ -64,15 +64,29 @@
 //     snapshot_conflict, redrive, completed, released, uncertain, lease_lost, error);
 //   - oncekit.ledger.call.duration (s): each call from its start to its commit or answer;
 //   - oncekit.ledger.wait.duration (s): time waited for another attempt holding the key;
-//   - oncekit.ledger.purge.deleted ({record}): records deleted by [Ledger.Purge].
+//   - oncekit.ledger.purge.deleted ({record}): records deleted by [Ledger.Purge];
+//   - oncekit.ledger.pending ({record}): a gauge of pending external claims, counted at
+//     collection from an index of pending records, with attribute oncekit.lease: live,
+//     or expired for a claim stuck until an attempt takes it over or an operator
+//     releases it.
 //
-// The tenant and key are left out of metrics, which would otherwise grow a series per
-// customer. With [Config].TracerProvider set, every call is a span (oncekit.ledger.Do and
+// The duration histograms advise bucket boundaries from 1 ms to 10 s, so an SDK left at
+// its defaults gives useful percentiles; the meter and tracer carry the module's version.
+// Calls are recorded with their context, so an SDK that keeps exemplars links them to
+// the call's span. The tenant and key are left out of metrics, which would otherwise
+// grow a series per customer. With [Config].TracerProvider set, every call is a span (oncekit.ledger.Do and
 // so on) carrying oncekit.tenant, oncekit.operation and oncekit.outcome, never the key's
 // value or a body; it is a child of the span in the caller's context, such as the
 // activity span of Temporal's tracing interceptor, and the mutation's own database spans
 // nest under it. [Config].Logger receives a warning per take-over of an expired claim and
 // a line per purge. With neither set, a call costs a branch.
+//
+// # Operating
+//
+// [Ledger.List], [Ledger.Stats], [Ledger.Change] and [Ledger.Audit] are what the oncekit
+// command runs for an operator: find records by tenant, operation, time and key, and
+// release a stuck claim or evict a wrong result, with an audit row that says who did it,
+// when, why and what the record held.
 //
 // # Schema
 //

@@ -27,6 +27,9 @@ var (
 	ErrNilFunc = errors.New("oncekit/ledger: nil function: pass the mutation to run")
 	// ErrManagedTx: the function tried to commit or roll back the ledger's transaction.
 	ErrManagedTx = errors.New("oncekit/ledger: the ledger commits and rolls back its own transaction: return a result or an error instead")
+	// ErrOutcomeUnknown: the commit was sent and no answer came back; see
+	// [OutcomeUnknownError].
+	ErrOutcomeUnknown = errors.New("oncekit/ledger: the outcome of the call is unknown")
 	// ErrTxAborted: the mutation returned a result although one of its statements failed
 	// and aborted the transaction, so its writes cannot commit. Nothing was stored.
 	ErrTxAborted = errors.New("oncekit/ledger: a statement of the mutation failed and aborted the transaction, yet the mutation returned a result: return the statement's error, or a *DefinitiveError to store the failure")
@@ -192,3 +195,25 @@ func quoteKey(k keys.Key) string {
 	}
 	return strconv.Quote(string(k[:limit])) + fmt.Sprintf("… (%d bytes)", len(k))
 }
+
+// OutcomeUnknownError reports that Do sent the record and COMMIT and no answer came back:
+// the connection broke, or the call's context ended while PostgreSQL was still working on
+// them (for example waiting for another attempt's uncommitted record). PostgreSQL may have
+// committed after the call returned. It is retryable: a later call with the same key
+// replays the result if the commit happened, and runs fn as a first execution if it did
+// not, so the intent still takes effect once.
+type OutcomeUnknownError struct {
+	Scope keys.Scope
+	Key   keys.Key
+	Err   error
+}
+
+func (e *OutcomeUnknownError) Error() string {
+	return fmt.Sprintf("oncekit/ledger: the commit of key %q in %s was sent and no answer came back (%v): call again with the key, which replays the result if it committed", e.Key, e.Scope, e.Err)
+}
+
+// Unwrap returns the error the commit met.
+func (e *OutcomeUnknownError) Unwrap() error { return e.Err }
+
+// Is matches [ErrOutcomeUnknown].
+func (e *OutcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }

@@ -121,11 +121,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Ledger, error) {
 			return nil, fmt.Errorf("oncekit/ledger: OperationRetention[%q] must be positive", op)
 		}
 	}
-	tel, err := newTelemetry(&c)
-	if err != nil {
+	l := &Ledger{pool: pool, cfg: c, q: newQueries(c.Schema)}
+	var err error
+	if l.tel, err = newTelemetry(&c, l.pendingCounts); err != nil {
 		return nil, fmt.Errorf("oncekit/ledger: create the instruments: %w", err)
 	}
-	return &Ledger{pool: pool, cfg: c, q: newQueries(c.Schema), tel: tel}, nil
+	return l, nil
 }
 
 // Pool returns the pool the ledger runs on.

@@ -350,3 +350,147 @@ func TestDoTx_SnapshotConflictBeforeFn(t *testing.T) {
 		}
 	}
 }
+
+// A claim whose lease outlasts the retention keeps its key for the whole lease: neither a
+// purge nor another attempt, in any mode, takes a key whose holder is still within its
+// lease, and the holder completes it. The same holds for a lease extended past the
+// retention.
+func TestClaim_LeaseOutlastsRetention(t *testing.T) {
+	t.Parallel()
+	// callsFn says whether the second attempt's mode calls fn for a taken key (its
+	// statements then fail without running).
+	callsFn := map[string]bool{}
+	seconds := map[string]func(ctx context.Context, l *ledger.Ledger, in ledger.Intent, calls *atomic.Int32) error{
+		"Claim": func(ctx context.Context, l *ledger.Ledger, in ledger.Intent, _ *atomic.Int32) error {
+			_, err := l.Claim(ctx, in, nil)
+			return err
+		},
+	}
+	for _, mode := range modes {
+		callsFn["Do"+modeName(mode)] = callsFnForTakenKey(mode)
+		seconds["Do"+modeName(mode)] = func(ctx context.Context, l *ledger.Ledger, in ledger.Intent, calls *atomic.Int32) error {
+			_, err := l.Do(ctx, in, counted(calls, createOrder("acme", order{Item: "tea", Amount: 1})), &ledger.DoOpts{Mode: mode})
+			return err
+		}
+	}
+	for name, second := range seconds {
+		for _, extended := range []bool{false, true} {
+			t.Run(name+map[bool]string{false: "Claimed", true: "Extended"}[extended], func(t *testing.T) {
+				t.Parallel()
+				l, b := setup(t, &ledger.Config{Retention: time.Hour})
+				ctx := context.Background()
+				in := intent(t, "acme", "order-tea", order{Item: "tea", Amount: 1})
+				lease := 3 * time.Hour
+				if extended {
+					lease = 30 * time.Minute
+				}
+				first, err := l.Claim(ctx, in, &ledger.ClaimOpts{Lease: lease})
+				require.NoError(t, err)
+				if extended {
+					b.clock.Advance(20 * time.Minute)
+					err = l.Extend(ctx, first.Lease, 3*time.Hour)
+					require.NoError(t, err)
+				}
+				b.clock.Advance(90 * time.Minute) // past the retention, within the lease
+
+				pr, err := l.Purge(ctx, nil)
+				require.NoError(t, err)
+				require.Zero(t, pr.Deleted, "a purge deleted a record whose lease is live")
+				var calls atomic.Int32
+				require.ErrorIs(t, second(ctx, l, in, &calls), ledger.ErrInProgress, "a second attempt took a key whose lease is live")
+				if !callsFn[name] {
+					require.Zero(t, calls.Load(), "fn was called for a key whose lease is live")
+				}
+				require.Zero(t, countOrders(t, b.pool, "acme"), "fn's writes committed for a key whose lease is live")
+				_, err = l.Complete(ctx, first.Lease, ledger.Response{Code: 200, Body: []byte(`{}`)})
+				require.NoError(t, err, "the holder of a live lease completes")
+			})
+		}
+	}
+}
+
+// ClaimTx on a key whose claim another transaction has not committed waits within its
+// wait and never past its context's deadline, and leaves the caller's transaction usable
+// either way.
+func TestClaimTx_UncommittedClaimBoundsTheWait(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		wait    time.Duration
+		timeout time.Duration
+		want    func(t *testing.T, err error)
+	}{
+		{"DeadlineShorterThanWait", 10 * time.Second, 300 * time.Millisecond, func(t *testing.T, err error) {
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+		}},
+		{"NoWait", ledger.NoWait, 0, func(t *testing.T, err error) {
+			require.ErrorIs(t, err, ledger.ErrInProgress)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			l, b := setup(t, nil)
+			ctx := context.Background()
+			in := intent(t, "acme", "order-tea", order{Item: "tea", Amount: 1})
+			holder, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer holder.Rollback(ctx)
+			_, err = l.ClaimTx(ctx, holder, in, nil)
+			require.NoError(t, err)
+
+			tx, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			cctx := ctx
+			if tc.timeout > 0 {
+				var cancel context.CancelFunc
+				cctx, cancel = context.WithTimeout(ctx, tc.timeout)
+				defer cancel()
+			}
+			res, err := l.ClaimTx(cctx, tx, in, &ledger.ClaimOpts{Wait: tc.wait})
+			require.Nil(t, res.Lease)
+			tc.want(t, err)
+			var one int
+			require.NoError(t, tx.QueryRow(ctx, "SELECT 1").Scan(&one), "the caller's transaction is usable")
+			var timeout string
+			require.NoError(t, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&timeout))
+			require.Equal(t, "0", timeout, "the caller's lock_timeout is restored")
+			require.NoError(t, tx.Commit(ctx))
+		})
+	}
+}
+
+// A call whose COMMIT was sent when its context ended cannot know whether PostgreSQL
+// committed: it says so with a typed error, and the next call with the key replays the
+// result when the commit happened after the first call returned.
+func TestDo_CommitInFlightIsOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	l, b := setup(t, nil)
+	ctx := context.Background()
+	req := order{Item: "tea", Amount: 1}
+	in := intent(t, "acme", "order-tea", req)
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = l.DoTx(ctx, holder, in, createOrder("acme", req), nil)
+	require.NoError(t, err)
+
+	// ModeOptimistic sends its record with COMMIT; the record waits for the holder's.
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	var calls atomic.Int32
+	_, err = l.Do(cctx, in, counted(&calls, createOrder("acme", req)), &ledger.DoOpts{Mode: ledger.ModeOptimistic})
+	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the context's error stays visible")
+	var unknown *ledger.OutcomeUnknownError
+	require.ErrorAs(t, err, &unknown)
+	require.Equal(t, in.Key, unknown.Key)
+
+	// The holder gives up; the first call's commit then runs on the server.
+	require.NoError(t, holder.Rollback(ctx))
+	require.Eventually(t, func() bool { return countRecords(t, b.pool, b.schema) == 1 }, 10*time.Second, 10*time.Millisecond)
+	res, err := l.Do(ctx, in, counted(&calls, createOrder("acme", req)), &ledger.DoOpts{Mode: ledger.ModeLookUpFirst})
+	require.NoError(t, err)
+	require.True(t, res.Replayed, "the next call replays the commit that happened after the first call returned")
+	require.Equal(t, int32(1), calls.Load())
+	require.Equal(t, 1, countOrders(t, b.pool, "acme"))
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -20,6 +21,10 @@ type PurgeOpts struct {
 	// MaxBatches stops the purge after this many statements; 0 runs until no expired
 	// record is left. Defaults to 0.
 	MaxBatches int
+	// Pause is how long the purge waits between two statements. A purge of millions of
+	// records that never pauses takes a core, the disk and the WAL from the traffic it
+	// runs beside; see the operating guide for figures. Defaults to 0: no pause.
+	Pause time.Duration
 }
 
 // PurgeResult reports what [Ledger.Purge] deleted.
@@ -49,12 +54,12 @@ func (l *Ledger) purge(ctx context.Context, q querier, opts *PurgeOpts) (PurgeRe
 	if o.BatchSize == 0 {
 		o.BatchSize = PurgeBatchDefault
 	}
-	if o.BatchSize < 0 || o.MaxBatches < 0 {
+	if o.BatchSize < 0 || o.MaxBatches < 0 || o.Pause < 0 {
 		return PurgeResult{}, errors.New("oncekit/ledger: PurgeOpts values must not be negative")
 	}
 	var res PurgeResult
 	var err error
-	res.Deleted, res.Batches, err = l.q.purge.Run(ctx, q, o.BatchSize, o.MaxBatches, l.now())
+	res.Deleted, res.Batches, err = l.q.purge.Run(ctx, q, o.BatchSize, o.MaxBatches, o.Pause, l.now())
 	if l.tel.metrics {
 		l.tel.purged.Add(ctx, res.Deleted)
 	}

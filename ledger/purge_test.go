@@ -83,3 +83,51 @@ func TestMigrate_Concurrent(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{target, "oncekit_migrations"}.Sanitize()).Scan(&n))
 	require.Equal(t, len(files), n)
 }
+
+// A purge with a pause waits between its statements, not after the last, and a context
+// cancelled during a pause ends it with what it deleted so far, counted right.
+func TestPurge_Pause(t *testing.T) {
+	t.Parallel()
+	l, b := setup(t, &ledger.Config{Retention: time.Hour})
+	ctx := context.Background()
+	noop := func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) { return ledger.Response{Code: 200}, nil }
+	for i := range 25 {
+		_, err := l.Do(ctx, intent(t, "acme", fmt.Sprintf("old-%d", i), i), noop, nil)
+		require.NoError(t, err)
+	}
+	b.clock.Advance(2 * time.Hour)
+
+	t.Run("NoPauseAfterTheLast", func(t *testing.T) {
+		res, err := l.Purge(ctx, &ledger.PurgeOpts{BatchSize: 10, MaxBatches: 1, Pause: time.Hour})
+		require.NoError(t, err, "one statement, so no pause")
+		require.Equal(t, ledger.PurgeResult{Deleted: 10, Batches: 1}, res)
+	})
+	t.Run("CancelledDuringAPause", func(t *testing.T) {
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		type outcome struct {
+			res ledger.PurgeResult
+			err error
+		}
+		done := make(chan outcome, 1)
+		go func() {
+			res, err := l.Purge(pctx, &ledger.PurgeOpts{BatchSize: 10, Pause: time.Hour})
+			done <- outcome{res, err}
+		}()
+		require.Eventually(t, func() bool { return countRecords(t, b.pool, b.schema) == 5 }, 30*time.Second, 10*time.Millisecond,
+			"the first statement deletes 10 of the 15 left")
+		cancel()
+		select {
+		case o := <-done:
+			require.ErrorIs(t, o.err, context.Canceled)
+			require.Equal(t, ledger.PurgeResult{Deleted: 10, Batches: 1}, o.res)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the purge did not end when its context was cancelled during a pause")
+		}
+	})
+	t.Run("NegativeRefused", func(t *testing.T) {
+		_, err := l.Purge(ctx, &ledger.PurgeOpts{Pause: -time.Second})
+		require.Error(t, err)
+		require.Contains(t, err.Error(), "negative")
+	})
+}

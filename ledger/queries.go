@@ -48,24 +48,29 @@ type queries struct {
 	uncertain string
 	extend    string
 	purge     pgsql.Purge
-	// Operators read and change records whatever their owner.
+	// Operators read and change records whatever their owner; their changes keep audit
+	// rows. pending counts pending records for the gauge.
 	list, stats, forceRelease, evict string
+	changeLock, changeDelete, audit  string
+	pending                          string
 }
 
 // statements are the ledger's SQL, one whole statement per file, each listing its
-// parameters; {{records}} stands for the schema-qualified records table.
+// parameters; {{records}} stands for the schema-qualified records table, {{audit}} for
+// the operators' audit table.
 //
 //go:embed sql/*.sql
 var statements embed.FS
 
 func newQueries(schema string) queries {
 	t := pgx.Identifier{schema, "idempotency_records"}.Sanitize()
+	audit := pgx.Identifier{schema, "idempotency_audit"}.Sanitize()
 	load := func(name string) string {
 		b, err := statements.ReadFile("sql/" + name + ".sql")
 		if err != nil {
 			panic("oncekit/ledger: missing statement " + name) // embedded: cannot happen
 		}
-		return strings.ReplaceAll(string(b), "{{records}}", t)
+		return strings.NewReplacer("{{records}}", t, "{{audit}}", audit).Replace(string(b))
 	}
 	return queries{
 		lookup:          load("lookup"),
@@ -86,6 +91,10 @@ func newQueries(schema string) queries {
 		stats:           load("stats"),
 		forceRelease:    load("force_release"),
 		evict:           load("evict"),
+		changeLock:      load("change_lock"),
+		changeDelete:    load("change_delete"),
+		audit:           load("audit"),
+		pending:         load("pending"),
 	}
 }
 

@@ -60,6 +60,11 @@ const (
 	AttrCall      = "oncekit.call"
 )
 
+// AttrLease is the attribute of the oncekit.ledger.pending gauge that says whether a
+// pending record's lease is live or ran out ("live", "expired"): a pending record whose
+// lease ran out is stuck until an attempt takes it over or an operator releases it.
+const AttrLease = "oncekit.lease"
+
 // telemetry holds the ledger's instruments; with no provider configured it records
 // nothing and costs a branch.
 type telemetry struct {
@@ -72,7 +77,9 @@ type telemetry struct {
 	log      *slog.Logger
 }
 
-func newTelemetry(c *Config) (*telemetry, error) {
+// newTelemetry creates the instruments; pending counts the pending records for the
+// gauge, at collection.
+func newTelemetry(c *Config, pending func(context.Context) (live, expired int64, err error)) (*telemetry, error) {
 	o := otelx.New(InstrumentationName, c.MeterProvider, c.TracerProvider, c.Logger)
 	t := &telemetry{log: o.Log, tracer: o.Tracer}
 	m := o.Meter
@@ -88,12 +95,29 @@ func newTelemetry(c *Config) (*telemetry, error) {
 	if in.Err != nil {
 		return nil, in.Err
 	}
+	// Pending records are counted when the metrics are collected, from the partial index
+	// of pending records: completed and failed records are not read.
+	if _, err := m.Int64ObservableGauge("oncekit.ledger.pending", metric.WithUnit("{record}"),
+		metric.WithDescription("Pending records of external calls, by lease (live, expired: stuck until taken over or released), counted at collection."),
+		metric.WithInt64Callback(func(ctx context.Context, obs metric.Int64Observer) error {
+			live, expired, err := pending(ctx)
+			if err != nil {
+				return err
+			}
+			obs.Observe(live, metric.WithAttributes(attribute.String(AttrLease, "live")))
+			obs.Observe(expired, metric.WithAttributes(attribute.String(AttrLease, "expired")))
+			return nil
+		})); err != nil {
+		return nil, err
+	}
 	t.metrics = true
 	return t, nil
 }
 
-// call is one instrumented ledger call.
+// call is one instrumented ledger call. It keeps the call's context, so that its
+// metrics are recorded with the call's span as their exemplar.
 type call struct {
+	ctx   context.Context
 	t     *telemetry
 	name  string
 	op    string
@@ -111,6 +135,7 @@ func (t *telemetry) begin(ctx context.Context, name string, scope keys.Scope) (c
 		ctx, c.span = t.tracer.Start(ctx, "oncekit.ledger."+name, trace.WithSpanKind(trace.SpanKindInternal),
 			trace.WithAttributes(attribute.String(AttrTenant, scope.Tenant), attribute.String(AttrOperation, scope.Operation)))
 	}
+	c.ctx = ctx
 	return ctx, c
 }
 
@@ -119,9 +144,10 @@ func (c call) end(outcome string, err error) {
 	if c.t.metrics {
 		attrs := metric.WithAttributes(attribute.String(AttrOperation, c.op), attribute.String(AttrOutcome, outcome),
 			attribute.String(AttrCall, c.name))
-		ctx := context.Background()
-		c.t.calls.Add(ctx, 1, attrs)
-		c.t.duration.Record(ctx, time.Since(c.start).Seconds(), attrs)
+		// The call's context, even when cancelled: it carries the span the exemplars
+		// point to.
+		c.t.calls.Add(c.ctx, 1, attrs)
+		c.t.duration.Record(c.ctx, time.Since(c.start).Seconds(), attrs)
 	}
 	if c.span != nil {
 		c.span.SetAttributes(attribute.String(AttrOutcome, outcome))
@@ -134,9 +160,9 @@ func (c call) end(outcome string, err error) {
 }
 
 // waited records a wait for another attempt.
-func (t *telemetry) waited(op string, d time.Duration) {
+func (t *telemetry) waited(ctx context.Context, op string, d time.Duration) {
 	if t.metrics && d > 0 {
-		t.wait.Record(context.Background(), d.Seconds(), metric.WithAttributes(attribute.String(AttrOperation, op)))
+		t.wait.Record(ctx, d.Seconds(), metric.WithAttributes(attribute.String(AttrOperation, op)))
 	}
 }
 

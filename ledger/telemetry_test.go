@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"log/slog"
 	"testing"
 	"time"
@@ -130,4 +131,66 @@ func TestTelemetry_OffByDefault(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.Purge(context.Background(), nil)
 	require.NoError(t, err)
+}
+
+// Out of the box, without a View: durations fall into buckets from a millisecond up,
+// the meter's and the tracer's scopes carry a version, calls carry their span as an
+// exemplar, and pending claims are counted by lease.
+func TestTelemetry_OutOfTheBox(t *testing.T) {
+	t.Parallel()
+	cfg := &ledger.Config{}
+	probe := withTelemetry(cfg)
+	l, b := setup(t, cfg)
+	ctx := context.Background()
+	req := order{Item: "lamp", Amount: 1}
+	in := intent(t, "acme", "exemplar-1", req)
+	callerCtx, caller := cfg.TracerProvider.Tracer("caller").Start(ctx, "caller")
+	_, err := l.Do(callerCtx, in, createOrder("acme", req), nil)
+	require.NoError(t, err)
+	caller.End()
+	_, err = l.Claim(ctx, intent(t, "acme", "live", req), &ledger.ClaimOpts{Lease: time.Hour})
+	require.NoError(t, err)
+	_, err = l.Claim(ctx, intent(t, "acme", "stuck", req), &ledger.ClaimOpts{Lease: time.Minute})
+	require.NoError(t, err)
+	b.clock.Advance(2 * time.Minute)
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, probe.reader.Collect(ctx, &rm))
+	require.Len(t, rm.ScopeMetrics, 1)
+	require.Equal(t, ledger.InstrumentationName, rm.ScopeMetrics[0].Scope.Name)
+	require.NotEmpty(t, rm.ScopeMetrics[0].Scope.Version)
+	pending := map[string]int64{}
+	for _, m := range rm.ScopeMetrics[0].Metrics {
+		switch m.Name {
+		case "oncekit.ledger.call.duration":
+			for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+				require.Equal(t, 0.001, dp.Bounds[0], "seconds, from a millisecond")
+				require.Equal(t, 10.0, dp.Bounds[len(dp.Bounds)-1])
+			}
+		case "oncekit.ledger.calls":
+			var exemplars []metricdata.Exemplar[int64]
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				exemplars = append(exemplars, dp.Exemplars...)
+			}
+			require.NotEmpty(t, exemplars, "the calls are recorded with their context")
+			var traces []string
+			for _, e := range exemplars {
+				traces = append(traces, hex.EncodeToString(e.TraceID))
+			}
+			require.Contains(t, traces, caller.SpanContext().TraceID().String())
+		case "oncekit.ledger.pending":
+			for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
+				lease, _ := dp.Attributes.Value(attribute.Key(ledger.AttrLease))
+				pending[lease.AsString()] = dp.Value
+			}
+		}
+	}
+	require.Equal(t, map[string]int64{"live": 1, "expired": 1}, pending)
+	spans := probe.spans.GetSpans()
+	require.NotEmpty(t, spans)
+	for _, sp := range spans {
+		if sp.InstrumentationScope.Name == ledger.InstrumentationName {
+			require.Equal(t, rm.ScopeMetrics[0].Scope.Version, sp.InstrumentationScope.Version, "the tracer carries the version too")
+		}
+	}
 }

@@ -36,7 +36,7 @@ func lines(t *testing.T, conn interface {
 	return out
 }
 
-var want = map[string]int{"ledger": 2, "webhook": 1, "inbox": 1, "outbox": 3}
+var want = map[string]int{"ledger": 3, "webhook": 1, "inbox": 1, "outbox": 4}
 
 // Every feature's line is applied once, whatever number of processes race to do it.
 func TestUp_AppliesEveryLineOnce(t *testing.T) {
@@ -61,7 +61,7 @@ func TestUp_AppliesEveryLineOnce(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	require.Equal(t, 7, applied, "each file applied by one caller")
+	require.Equal(t, 9, applied, "each file applied by one caller")
 	require.Equal(t, want, lines(t, pool, target))
 	res, err := migrate.Up(ctx, pool, target)
 	require.NoError(t, err)
@@ -130,7 +130,7 @@ func TestUp_UpgradesASchemaFromBeforeLines(t *testing.T) {
 
 	res, err := migrate.Up(ctx, pool, target)
 	require.NoError(t, err)
-	require.Len(t, res.Applied, 7)
+	require.Len(t, res.Applied, 9)
 	got := lines(t, pool, target)
 	require.Equal(t, 5, got["legacy"])
 	delete(got, "legacy")
@@ -141,4 +141,46 @@ func TestUp_UpgradesASchemaFromBeforeLines(t *testing.T) {
 	require.Zero(t, fn, "the ledger's line drops the old function")
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+ident+".inbox_messages").Scan(&msgs))
 	require.Equal(t, 1, msgs)
+}
+
+// Status lists each line's applied and pending files, and Check refuses a schema that a
+// newer oncekit migrated.
+func TestStatus_PendingAppliedAndAhead(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewSchema(t)
+	ctx := context.Background()
+	target := "status_" + uuid.NewString()[:8]
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+target+" CASCADE") })
+	st, err := migrate.Status(ctx, pool, target)
+	require.NoError(t, err)
+	require.Len(t, st, 4)
+	for _, l := range st {
+		require.Empty(t, l.Applied, l.Line)
+		require.Len(t, l.Pending, want[l.Line], l.Line)
+	}
+	require.NoError(t, migrate.Check(target, st))
+
+	_, err = migrate.Up(ctx, pool, target)
+	require.NoError(t, err)
+	st, err = migrate.Status(ctx, pool, target)
+	require.NoError(t, err)
+	for _, l := range st {
+		require.Empty(t, l.Pending, l.Line)
+		require.Len(t, l.Applied, want[l.Line], l.Line)
+	}
+
+	_, err = pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{target, "oncekit_migrations"}.Sanitize()+
+		" (line, version, name) VALUES ('ledger', 99, 'from_the_future'), ('sagas', 1, 'new_line')")
+	require.NoError(t, err)
+	st, err = migrate.Status(ctx, pool, target)
+	require.NoError(t, err)
+	require.Len(t, st, 5)
+	require.Equal(t, 99, st[0].Ahead[0].Version)
+	require.Equal(t, "sagas", st[4].Line)
+	err = migrate.Check(target, st)
+	var ahead *migrate.SchemaAheadError
+	require.ErrorAs(t, err, &ahead)
+	require.ErrorIs(t, err, migrate.ErrSchemaAhead)
+	require.Len(t, ahead.Ahead, 2)
+	require.Contains(t, err.Error(), "ledger/099_from_the_future")
 }

@@ -63,8 +63,11 @@ type DispatcherConfig struct {
 	// notifications, not a rate: while there is ready work the dispatcher keeps going.
 	// Defaults to [PollIntervalDefault].
 	PollInterval time.Duration
-	// MaxAttempts is how many failed publications move an event to the dead state.
-	// Defaults to [MaxAttemptsDefault].
+	// MaxAttempts is how many failed publications move an event to the dead state. A
+	// publication fails when its publisher returns an error or outlives PublishTimeout;
+	// one whose outcome is unknown is not a failure and is not counted: one cut short by
+	// the dispatcher's stop ([Dispatcher.Run]), or whose dispatcher died or lost its lease
+	// before recording it. Defaults to [MaxAttemptsDefault].
 	MaxAttempts int
 	// BackoffMin and BackoffMax bound the exponential delay between attempts, counted
 	// from the failure: a failure is recorded at once, and its event is free for any
@@ -248,16 +251,6 @@ func newDispatchQueries(t string, ordered bool) dispatchQueries {
 	}
 }
 
-// Run dispatches until ctx is done, waking on notifications and polling as the
-// fallback. It survives lost connections and PostgreSQL restarts, retrying with
-// backoff, and returns only ctx's error. It listens on a connection of its own, opened
-// with the pool's configuration, so the dispatching pool keeps all its connections for
-// dispatching; that connection is outside the pool's MaxConns.
-//
-// Stopping costs little: the publications already made are recorded within
-// StopGrace, and the batch's other events are released at once to other dispatchers.
-// A publication in flight at the stop is not known to have arrived; it is attempted
-// again later, as at-least-once delivery allows.
 // After a failed batch, Run waits retryFirst, doubling up to dispatchRetryMax; a lost
 // LISTEN connection is redialled after retryFirst, doubling up to listenRetryMax.
 const (
@@ -266,6 +259,17 @@ const (
 	listenRetryMax   = 2 * time.Second
 )
 
+// Run dispatches until ctx is done, waking on notifications and polling as the
+// fallback. It survives lost connections and PostgreSQL restarts, retrying with
+// backoff, and returns only ctx's error. It listens on a connection of its own, opened
+// with the pool's configuration, so the dispatching pool keeps all its connections for
+// dispatching; that connection is outside the pool's MaxConns.
+//
+// Stopping costs little: the outcomes of the publications already made are recorded
+// within StopGrace, and the batch's other events are released at once to other
+// dispatchers. A publication in flight at the stop is cut short and not known to have
+// arrived: it is not a failed publication, so its event keeps its [Event.Attempts] and
+// is published again, as at-least-once delivery allows.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	listening := make(chan struct{})

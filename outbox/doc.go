@@ -62,7 +62,9 @@
 //
 // Delivery is at least once, and says so: a dispatcher that dies after publishing and
 // before it records the publication leaves the event pending, and it is published
-// again when the lease runs out. Exactly-once effects come from the consumer's inbox,
+// again when the lease runs out; a publication cut short by a stopping dispatcher is
+// published again at once. Neither counts as a failed publication ([Event.Attempts]):
+// its outcome is unknown. Exactly-once effects come from the consumer's inbox,
 // keyed by the event ID. The publishers carry that ID: outboxtemporal.NewPublisher uses
 // it as the workflow ID, so Temporal itself rejects a duplicate start; [HTTPPublisher]
 // sends it as the Idempotency-Key.

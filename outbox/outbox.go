@@ -36,7 +36,10 @@ type Event struct {
 	OrderingKey string
 	// Payload is the event's body.
 	Payload []byte
-	// Attempts counts publication attempts so far, when a dispatcher hands the event on.
+	// Attempts counts the failed publications of the event so far, as a dispatcher hands
+	// it on or [Outbox.Dead] lists it: those that [DispatcherConfig.MaxAttempts] counts. A
+	// publication cut short by its dispatcher's stop, or left unrecorded by a dispatcher
+	// that died or lost its lease, is not counted.
 	Attempts int
 	// CreatedAt is when it was enqueued.
 	CreatedAt time.Time
@@ -392,6 +395,10 @@ type PurgeOpts struct {
 	// MaxBatches stops the purge after this many statements; 0 runs until no such event
 	// is left. Defaults to 0.
 	MaxBatches int
+	// Pause is how long the purge waits between two statements, which leaves a core,
+	// the disk and the WAL to the dispatchers and producers the purge runs beside.
+	// Defaults to 0: no pause.
+	Pause time.Duration
 }
 
 // PurgeResult reports what [Outbox.Purge] deleted.
@@ -404,14 +411,13 @@ type PurgeResult struct {
 // many purgers may run at once. Pending and dead events are never purged.
 func (o *Outbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
 	c := config.Of(opts)
-	if c.PublishedRetention < 0 || c.BatchSize < 0 || c.MaxBatches < 0 {
+	if c.PublishedRetention < 0 || c.BatchSize < 0 || c.MaxBatches < 0 || c.Pause < 0 {
 		return PurgeResult{}, errors.New("oncekit/outbox: PurgeOpts values must not be negative")
 	}
 	before := time.Now().Add(-config.Or(c.PublishedRetention, PublishedRetentionDefault))
 	var res PurgeResult
 	var err error
-	res.Deleted, res.Batches, err = o.purgeSQL().Run(ctx, o.pool,
-		config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, before)
+	res.Deleted, res.Batches, err = o.purgeSQL().Run(ctx, o.pool, config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, c.Pause, before)
 	o.tel.purge(ctx, res.Deleted)
 	if err != nil {
 		return res, fmt.Errorf("oncekit/outbox: purge: %w", err)
@@ -419,7 +425,8 @@ func (o *Outbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error
 	return res, nil
 }
 
-// purgeSQL is Purge's statement: published events older than $2, oldest first.
+// purgeSQL is Purge's statements: published events older than $2, oldest first, through
+// the index of published events (outbox migration 004).
 func (o *Outbox) purgeSQL() pgsql.Purge {
-	return pgsql.PurgeSQL(o.t, []string{"id"}, "state = 'published' AND published_at < $2", "seq")
+	return pgsql.PurgeSQL(o.t, []string{"id"}, "state = 'published' AND published_at < $2", "published_at")
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -358,4 +359,70 @@ func TestOutbox_Purge(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, outbox.Stats{Pending: 1}, st)
 	testsuite.RequireExactlyOnce(t.Context(), t, b.pool, `SELECT count(*) FROM `+b.schema+`.outbox_events WHERE id = $1`, pending)
+}
+
+// A purge statement reads the oldest published events through their index: its plan
+// has no sequential scan of the outbox even where sequential scans are priced out, so a
+// purge of millions of events does not read the whole table once per batch.
+func TestOutbox_PurgeReadsPublishedIndex(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var plan strings.Builder
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, "EXPLAIN "+outbox.PurgeSQL(b.out), 1000, time.Now())
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				return err
+			}
+			plan.WriteString(line + "\n")
+		}
+		return rows.Err()
+	}))
+	require.Contains(t, plan.String(), "outbox_events_published_idx", plan.String())
+	require.NotContains(t, plan.String(), "Seq Scan", plan.String())
+}
+
+// A purge with a pause waits between its statements and ends, with what it deleted so
+// far, when its context is cancelled during a pause.
+func TestOutbox_PurgePause(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for i := range 5 {
+		b.produce(t, fmt.Sprintf("acc-p%d", i), 1)
+	}
+	b.drain(t, b.dispatcher(t, outbox.PublisherFunc(func(context.Context, outbox.Event) error { return nil }), nil))
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type outcome struct {
+		res outbox.PurgeResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := b.out.Purge(pctx, &outbox.PurgeOpts{PublishedRetention: time.Nanosecond, BatchSize: 2, Pause: time.Hour})
+		done <- outcome{res, err}
+	}()
+	require.Eventually(t, func() bool {
+		st, err := b.out.Stats(ctx)
+		return err == nil && st.Published == 3
+	}, 30*time.Second, 10*time.Millisecond, "the first statement deletes 2 of 5")
+	cancel()
+	select {
+	case o := <-done:
+		require.ErrorIs(t, o.err, context.Canceled)
+		require.Equal(t, outbox.PurgeResult{Deleted: 2, Batches: 1}, o.res)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the purge did not end when its context was cancelled during a pause")
+	}
+	_, err := b.out.Purge(ctx, &outbox.PurgeOpts{Pause: -time.Second})
+	require.Error(t, err, "a negative pause is refused")
 }

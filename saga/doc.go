@@ -16,8 +16,12 @@
 // Run records the outcome under the saga's key: the result when the saga completed, the
 // error when it compensated. Every later run with that key, in the same workflow or
 // another, runs no step and returns the recorded outcome: the same result, or an
-// ApplicationError of the same type and text. A run that finds the key held by a run in
-// flight waits for it and then returns its outcome. The same key with another
+// ApplicationError of the same type and message whose cause is the failure that started
+// the compensation (rebuilt from its record, so errors.As finds it). A run that finds the
+// key held by a run in flight waits for it and then returns its outcome; so does a run
+// started in another coroutine of the same workflow while a run with the key is in
+// flight there. A saga's function must not run the saga of its own key: that run would
+// wait for itself, and is refused with [policy.ErrTypeInvalid]. The same key with another
 // [Opts].Request is refused with [policy.ErrTypeKeyReused].
 //
 // A business key (from keys.Business("transfer", id)) therefore holds across resets,
@@ -86,6 +90,25 @@
 // [policy.ErrTypePluginMissing], whose message names the plugin. A unit test on Temporal's
 // own test environment, with mocked activities, registers in-memory stand-ins with
 // testsuite.RegisterSagaInMemory.
+//
+// # A saga cut short
+//
+// Two ways out of a workflow leave its saga unended, and say so by what they do not say.
+// The first is PluginMissing in the middle of a saga: a saga begun on a worker with the
+// plugin and carried on by one without it (a deployment that lost the plugin) fails as
+// soon as that worker replays the workflow, with [policy.ErrTypePluginMissing] and not
+// with [policy.ErrTypeCompensated]. PluginMissing means the saga did not end: that run
+// compensates nothing and records no outcome, so the steps it had run stay done (a
+// transfer may be half-moved), and the saga's key stays held until its lease lapses
+// ([Opts].Lease; by default the workflow's execution timeout). The second is the
+// workflow's execution timeout (or a termination) during a compensation: the workflow
+// ends timed out, the compensations not yet run do not run, and nothing records
+// [policy.ErrTypeCompensationFailed]; the key stays held the same way. In both cases the
+// next run with the key after the lease lapses (a resubmission, on a worker with the
+// plugin) takes the saga over, as it takes over any dead run: it finishes the saga, or,
+// when the first run had begun compensating, finishes the compensations and records the
+// saga as compensated. Resubmit such a workflow; give a saga an execution timeout long
+// enough for its compensations, which retry for up to [policy.CompensationDeadlineDefault].
 //
 // Run's commands are versioned (workflow.GetVersion): a workflow whose history was
 // written before runs held their keys replays as it was written.

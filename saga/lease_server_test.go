@@ -3,6 +3,7 @@ package saga_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,5 +126,37 @@ func TestRun_DeadSagaIsTakenOverAndCompensated(t *testing.T) {
 	state, code := b.recorded(t, o.ID)
 	require.Equal(t, ledger.StateFailed, state)
 	require.Equal(t, compensated, code)
+	require.Equal(t, restored, b.net(t, o.ID))
+}
+
+// A run that takes over a dead saga reports the dead run's cause as that run would have:
+// once, with its type, and a later workflow with the key returns the same error.
+func TestRun_TakenOverSagaSaysItsCauseOnce(t *testing.T) {
+	t.Parallel()
+	b := newServerBank(t)
+	o := order{ID: "dead-cause", Lease: 2 * time.Second}
+	b.failing.Store(o.ID, "notify")
+	b.outage.Store(o.ID, "withdraw")
+	run := b.start(t, "dead-cause-1", o)
+	b.waitOutage(t, o.ID)
+	require.NoError(t, b.c.TerminateWorkflow(context.Background(), run.GetID(), run.GetRunID(), "test: the run dies"))
+	b.failing.Delete(o.ID)
+	b.outage.Delete(o.ID)
+
+	taker := <-await(b.start(t, "dead-cause-2", o))
+	var top, cause *temporal.ApplicationError
+	require.ErrorAs(t, taker.err, &top)
+	require.Equal(t, compensated, top.Type())
+	require.ErrorAs(t, errors.Unwrap(top), &cause, "the taker's error carries the dead run's cause")
+	require.Contains(t, cause.Message(), "the notify service is down")
+	require.Equal(t, 1, strings.Count(top.Error(), "(type: "+cause.Type()+","), "the cause's type is said more than once: %v", top)
+
+	probe := <-await(b.start(t, "dead-cause-3", o))
+	var again, cause2 *temporal.ApplicationError
+	require.ErrorAs(t, probe.err, &again)
+	require.Equal(t, top.Message(), again.Message())
+	require.Equal(t, top.Error(), again.Error())
+	require.ErrorAs(t, errors.Unwrap(again), &cause2)
+	require.Equal(t, cause.Type(), cause2.Type())
 	require.Equal(t, restored, b.net(t, o.ID))
 }

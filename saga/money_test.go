@@ -43,8 +43,8 @@ type order struct {
 // compensations, so the money can be counted where it is.
 type moneyBank struct {
 	*bundle
-	// failing maps an order ID to the step that fails for it (a retryable error, so the
-	// step fails after its attempts and the saga compensates).
+	// failing maps an order ID to the step that fails for it (a retryable error of type
+	// ServiceDown, so the step fails after its attempts and the saga compensates).
 	failing sync.Map
 	// outage maps an order ID to the step whose compensation fails with a retryable
 	// error, as during an outage of the bank; entered is sent the order ID at each such
@@ -73,7 +73,7 @@ type undoGate struct {
 func (m *moneyBank) step(name string) func(context.Context, order) (string, error) {
 	return func(ctx context.Context, o order) (string, error) {
 		if f, ok := m.failing.Load(o.ID); ok && f == name {
-			return "", fmt.Errorf("the %s service is down", name)
+			return "", temporal.NewApplicationError(fmt.Sprintf("the %s service is down", name), "ServiceDown")
 		}
 		return activity.Do(ctx, o, func(ctx context.Context, tx pgx.Tx, _ activity.Call, o order) (string, error) {
 			_, err := tx.Exec(ctx, `INSERT INTO money (order_id, step, amount) VALUES ($1, $2, 1)`, o.ID, name)

@@ -35,8 +35,11 @@ type bank struct {
 	*bundle
 	calls      sync.Map // step name -> *atomic.Int64
 	failNotify atomic.Bool
-	gate       chan struct{} // when set, withdraw waits on it
-	entered    chan struct{}
+	// refuseNotify makes the last step fail definitively, with an ApplicationError of
+	// type "Refused".
+	refuseNotify atomic.Bool
+	gate         chan struct{} // when set, withdraw waits on it
+	entered      chan struct{}
 }
 
 func newBank(t *testing.T) *bank { return &bank{bundle: setup(t)} }
@@ -59,6 +62,9 @@ func (k *bank) act(step string) func(context.Context, transfer) (string, error) 
 		}
 		if step == "notify" && k.failNotify.Load() {
 			return "", errors.New("the notification service is down")
+		}
+		if step == "notify" && k.refuseNotify.Load() {
+			return "", temporal.NewNonRetryableApplicationError("the bank refused the transfer", "Refused", nil)
 		}
 		return step + ":" + tr.ID, k.bundle.step(ctx, step, plan{})
 	}
@@ -149,6 +155,40 @@ func TestRun_ResubmissionAfterCompensationReplaysFailure(t *testing.T) {
 	require.EqualValues(t, 2, k.count("notify"), "only the first run's two attempts ran notify")
 	require.EqualValues(t, 1, k.count("withdraw"))
 	require.Equal(t, []string{"do:withdraw", "do:deposit", "undo:notify", "undo:deposit", "undo:withdraw"}, k.logOf(t))
+}
+
+// A compensated saga's outcome, replayed to a second workflow, is the same error as the
+// first workflow's: the same type, the same message, and the failure that started the
+// compensation as its cause, which errors.As finds.
+func TestRun_ReplayedFailureIsTheSameError(t *testing.T) {
+	t.Parallel()
+	k := newBank(t)
+	tr := transfer{ID: "t-refused", Amount: 100}
+	k.refuseNotify.Store(true)
+	first := k.env("wf-1")
+	first.ExecuteWorkflow("transfer", tr)
+	var a1 *temporal.ApplicationError
+	require.ErrorAs(t, first.GetWorkflowError(), &a1)
+	require.Equal(t, policy.ErrTypeCompensated, a1.Type())
+	var c1 *temporal.ApplicationError
+	require.ErrorAs(t, errors.Unwrap(a1), &c1, "the first run's error carries its cause")
+	require.Equal(t, "Refused", c1.Type())
+
+	k.refuseNotify.Store(false)
+	second := k.env("wf-2")
+	second.ExecuteWorkflow("transfer", tr)
+	var a2 *temporal.ApplicationError
+	require.ErrorAs(t, second.GetWorkflowError(), &a2)
+	require.Equal(t, a1.Type(), a2.Type())
+	require.True(t, a2.NonRetryable())
+	require.Equal(t, a1.Message(), a2.Message())
+	require.Equal(t, a1.Error(), a2.Error())
+	var c2 *temporal.ApplicationError
+	require.ErrorAs(t, errors.Unwrap(a2), &c2, "the replayed error has lost its cause: %v", a2)
+	require.Equal(t, c1.Type(), c2.Type())
+	require.Equal(t, c1.Message(), c2.Message())
+	require.Equal(t, c1.NonRetryable(), c2.NonRetryable())
+	require.EqualValues(t, 1, k.count("notify"), "the second run ran no step")
 }
 
 // A second workflow submitted while the first is still in flight waits for it, then

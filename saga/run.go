@@ -58,15 +58,18 @@ type Recorded struct {
 	Ended bool `json:"ended"`
 	// Result is the saga's result as JSON, when it completed.
 	Result json.RawMessage `json:"result,omitempty"`
-	// ErrType and ErrMessage describe how it failed, when it did: the type and text of
-	// the ApplicationError the saga ended with.
+	// ErrType and ErrMessage describe how it failed, when it did: the type and message
+	// of the ApplicationError the saga ended with. Its cause is the one Compensating
+	// records.
 	ErrType    string `json:"err_type,omitempty"`
 	ErrMessage string `json:"err_message,omitempty"`
 	// Held is true when another run holds the key (Begin as a local activity, Hold): this
 	// run waits for it with [ActivityBegin] and returns its outcome.
 	Held bool `json:"held,omitempty"`
 	// Compensating is set when the saga began compensating and has not ended (Begin,
-	// Hold, Compensating, End): every run of it then compensates.
+	// Hold, Compensating, End): every run of it then compensates. Beside a recorded
+	// failure (Ended with ErrType), it is the record the saga compensated under, whose
+	// cause the replayed error carries.
 	Compensating *Compensating `json:"compensating,omitempty"`
 }
 
@@ -75,14 +78,31 @@ type Recorded struct {
 // finds it and compensates too, instead of running the saga forward over money that is
 // partly given back.
 type Compensating struct {
-	ErrType    string   `json:"err_type,omitempty"`
-	ErrMessage string   `json:"err_message"`
-	Steps      []string `json:"steps"`
+	// ErrType and ErrMessage are the failure's type (of the first ApplicationError in
+	// its chain) and text, for people and for runs that recorded no Cause.
+	ErrType    string `json:"err_type,omitempty"`
+	ErrMessage string `json:"err_message"`
+	// Cause is the failure as Temporal encodes one (a failure.v1.Failure in protojson),
+	// from which a later run rebuilds the same error. Empty for a saga compensated
+	// without a cause, or a cause too large to record.
+	Cause json.RawMessage `json:"cause,omitempty"`
+	Steps []string        `json:"steps"`
 }
 
-// cause returns the recorded failure as an error.
+// cause returns the recorded failure as an error, or nil when the saga compensated
+// without one.
 func (c *Compensating) cause() error {
-	return temporal.NewNonRetryableApplicationError(c.ErrMessage, c.ErrType, nil)
+	if err := decodeCause(c.Cause); err != nil {
+		return err
+	}
+	if c.ErrType == "" && c.ErrMessage == "" {
+		return nil
+	}
+	// ErrMessage is the cause's whole text, which ends with its type when it is an
+	// ApplicationError: say the type once.
+	msg := strings.TrimSuffix(c.ErrMessage, " (type: "+c.ErrType+", retryable: false)")
+	msg = strings.TrimSuffix(msg, " (type: "+c.ErrType+", retryable: true)")
+	return temporal.NewNonRetryableApplicationError(msg, c.ErrType, nil)
 }
 
 // CompensatingRequest is the input of [ActivityCompensating].
@@ -122,6 +142,13 @@ func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, 
 	if err != nil {
 		return zero, err
 	}
+	// Another run of this workflow with the key presents the same token: wait for it here,
+	// since the ledger would take this run for that one.
+	leave, err := s.enter(ctx)
+	if err != nil {
+		return zero, err
+	}
+	defer leave()
 	s.status = Status{Key: s.key, Phase: "running"}
 	if err := workflow.SetQueryHandler(ctx, QueryStatus, func() (Status, error) { return s.status, nil }); err != nil {
 		return zero, err
@@ -144,7 +171,7 @@ func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, 
 	s.marker = begun.Compensating
 	stop := s.keepHolding(ctx)
 	defer stop()
-	out, err := fn(ctx, s)
+	out, err := fn(workflow.WithValue(ctx, heldKey(s.key), true), s)
 	return finish(ctx, s, out, err)
 }
 
@@ -191,7 +218,9 @@ func finish[T any](ctx workflow.Context, s *Saga, out T, err error) (T, error) {
 				continue
 			}
 			out, err = zero, cerr.ApplicationError()
-			end = Recorded{Ended: true, ErrType: cerr.errType(), ErrMessage: err.Error()}
+			// The message without the cause: the compensating record holds the cause, and
+			// a replay rebuilds the error whole from both.
+			end = Recorded{Ended: true, ErrType: cerr.errType(), ErrMessage: cerr.summary()}
 		}
 		s.status.Phase, s.status.Compensating = "ended", nil
 		var got Recorded
@@ -250,7 +279,7 @@ func runUnheld[T any](ctx workflow.Context, s *Saga, fn func(ctx workflow.Contex
 		s.status.Phase = "ended"
 		return replay[T](begun)
 	}
-	out, err := fn(ctx, s)
+	out, err := fn(workflow.WithValue(ctx, heldKey(s.key), true), s)
 	var end Recorded
 	if err == nil {
 		body, merr := json.Marshal(out)
@@ -387,7 +416,11 @@ const recordAttemptTimeout = 10 * time.Second
 func replay[T any](r Recorded) (T, error) {
 	var out T
 	if r.ErrType != "" {
-		return out, temporal.NewNonRetryableApplicationError(r.ErrMessage, r.ErrType, nil)
+		var cause error
+		if r.Compensating != nil && !legacyMessage(r) {
+			cause = r.Compensating.cause()
+		}
+		return out, temporal.NewNonRetryableApplicationError(r.ErrMessage, r.ErrType, cause)
 	}
 	if len(r.Result) > 0 {
 		if err := json.Unmarshal(r.Result, &out); err != nil {

@@ -232,7 +232,10 @@ func (s *Saga) Do(ctx workflow.Context, step Step, result any) error {
 			}
 		}
 		if m := s.marker; m != nil && (i >= len(m.Steps)-1 || m.Steps[i] != step.Name) {
-			return m.cause()
+			if err := m.cause(); err != nil {
+				return err
+			}
+			return errBeganCompensating
 		}
 	}
 	ctx = withStepOptions(ctx)
@@ -244,6 +247,11 @@ func (s *Saga) Do(ctx workflow.Context, step Step, result any) error {
 // returns that outcome instead.
 var errEnded = temporal.NewNonRetryableApplicationError(
 	"oncekit/saga: the saga's outcome is already recorded under its key; this run returns it and runs no more steps", policy.ErrTypeInvalid, nil)
+
+// errBeganCompensating is what Do returns in place of a step when an earlier run of the
+// saga began compensating without a cause.
+var errBeganCompensating = temporal.NewNonRetryableApplicationError(
+	"oncekit/saga: an earlier run of the saga began compensating; this run compensates too", policy.ErrTypeInvalid, nil)
 
 // activityName is the name Temporal schedules an activity under when it is named by a
 // string or by a function registered under its own name.
@@ -377,7 +385,7 @@ func (s *Saga) beginCompensating(ctx workflow.Context, cause error) (reported, e
 	if s.marker != nil {
 		return s.marker.cause(), nil
 	}
-	mine := Compensating{Steps: slices.Clone(s.status.Steps)}
+	mine := Compensating{Steps: slices.Clone(s.status.Steps), Cause: encodeCause(cause)}
 	if cause != nil {
 		mine.ErrMessage = boundedText(cause.Error())
 	}

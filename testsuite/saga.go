@@ -134,6 +134,9 @@ func (m *sagaRecords) end(ctx context.Context, req saga.EndRequest) (saga.Record
 		return saga.Recorded{Compensating: rec.comp}, nil
 	}
 	out := saga.Recorded{Ended: true, Result: req.Outcome.Result, ErrType: req.Outcome.ErrType, ErrMessage: req.Outcome.ErrMessage}
+	if out.ErrType != "" {
+		out.Compensating = rec.comp // its cause is the replayed error's
+	}
 	rec.ended = &out
 	return out, nil
 }

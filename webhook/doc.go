@@ -43,7 +43,12 @@
 //     one of [Config].MaxConcurrentReads read slots (4) from before its first byte is
 //     read until its signature is checked, so unauthenticated bodies take at most
 //     MaxConcurrentReads × MaxBodyBytes (100 MiB by default), plus under 512 KiB per
-//     chunked read for the small buffers it outgrew.
+//     chunked read for the small buffers it outgrew. That bounds the bodies alive at
+//     once; the buffers of refused bodies are garbage that the Go runtime collects when
+//     the heap reaches its goal (GOGC: twice what is alive, by default), so under a
+//     stream of oversized bodies the heap can reach about twice the bound (8 senders
+//     against 4 slots of 8 MiB: 50–70 MiB). Set GOMEMLIMIT to hold the process to a
+//     figure of your own.
 //   - Time: a delivery waits up to [Config].ReadSlotWait (10 s) for a slot, then gets
 //     503 with Retry-After; waiting deliveries take freed slots in the order they came.
 //     A delivery holding a slot has [Config].BodyReadTimeout (5 s) to send its whole

@@ -1,22 +1,21 @@
-// Command oncekit operates an oncekit schema: it applies the migrations, shows what the
-// ledger and the outbox hold, and releases, evicts or purges records. It reads the
-// database from DATABASE_URL and the schema from --schema (default "oncekit").
+// Command oncekit operates an oncekit schema from a terminal: it applies and reports the
+// migrations, shows what the ledger, the outbox and the inbox hold, finds the records an
+// on-call engineer is asked about (by tenant, operation, time, key prefix, or the
+// workflow, run and activity IDs activity keys are made of), and releases, evicts,
+// retries and purges, safely: a change is shown first and made only with --yes, a live
+// lease is released only with --force, and each release and eviction keeps an audit row
+// that inspect shows.
 //
-//	oncekit migrate [--print]
-//	oncekit status
-//	oncekit inspect TENANT OPERATION KEY
-//	oncekit list [--state S] [--operation OP] [--tenant T] [--older-than D] [--stuck] [--limit N]
-//	oncekit release TENANT OPERATION KEY [--yes]
-//	oncekit evict TENANT OPERATION KEY [--yes]
-//	oncekit purge [--batch N]
-//	oncekit outbox dead [--limit N]
-//	oncekit outbox retry ID...
+// oncekit --help lists the commands; oncekit COMMAND --help describes one and its flags.
+// It reads the database from --database-url or DATABASE_URL, or, when neither is set,
+// from the PG* variables and ~/.pgpass as psql does.
 //
-// Every command takes --json for output a script can read. Exit codes: 0 done; 1 the
-// database refused or could not be reached; 2 a usage error; 3 no such record or event;
-// 4 a change refused because --yes was not given (the command says what it would do).
+// The command is a module of its own, so that a program importing oncekit's packages
+// does not get its dependencies. Install a released version with
 //
-// Install it with go install github.com/oncekit/oncekit/cmd/oncekit@latest.
+//	go install github.com/oncekit/oncekit/cmd/oncekit@latest
+//
+// (its versions are tagged cmd/oncekit/vX.Y.Z), or build the work tree's with make oncekit.
 package main
 
 import (

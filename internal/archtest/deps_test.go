@@ -5,6 +5,7 @@ package archtest
 
 import (
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -24,8 +25,9 @@ var rules = map[string][]string{
 	"webhook":               {"go.temporal.io/", mod + "testsuite"},
 	"inbox":                 {"go.temporal.io/", mod + "testsuite"},
 	"outbox":                {"go.temporal.io/", mod + "testsuite"},
-	"cmd/oncekit":           {"go.temporal.io/", mod + "testsuite"},
+	"cmd/oncekit":           {"go.temporal.io/", mod + "testsuite", mod + "activity", mod + "worker"}, // its own module, checked from its directory
 	"migrate":               {"go.temporal.io/", mod + "testsuite"},
+	"monitoring":            {"go.temporal.io/", mod + "testsuite"}, // tests alone: the dashboard's and the alerts' check
 	"outbox/outboxtemporal": {mod + "testsuite", mod + "worker", mod + "activity"},
 	"activity":              {mod + "testsuite", mod + "worker"},
 	"worker":                {mod + "testsuite"},
@@ -41,7 +43,11 @@ var rules = map[string][]string{
 func TestDependencyRules(t *testing.T) {
 	t.Parallel()
 	for pkg, forbidden := range rules {
-		out, err := exec.Command("go", "list", "-deps", mod+pkg).Output()
+		cmd := exec.Command("go", "list", "-deps", mod+pkg)
+		if pkg == "cmd/oncekit" {
+			cmd.Dir = filepath.Join("..", "..", "cmd", "oncekit")
+		}
+		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("go list %s: %v", pkg, err)
 		}
@@ -88,6 +94,39 @@ func TestInternalImportsNoPublicPackage(t *testing.T) {
 		for _, dep := range fields[1:] {
 			if strings.HasPrefix(dep, mod) && !strings.HasPrefix(dep, mod+"internal/") {
 				t.Errorf("%s imports %s: internal/ packages must stay below the public ones", fields[0], dep)
+			}
+		}
+	}
+}
+
+// What the command and the demo need stays out of the library: no package of this
+// module depends on the command's CLI library, and none but the samples on an
+// exporter (the payment demo's OTLP export), so a program importing oncekit gets
+// neither.
+func TestLibraryGetsNoCommandOrExporterDependencies(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", "-f", `{{.ImportPath}}`, "./../../...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasPrefix(dep, "github.com/spf13/") {
+			t.Errorf("the module depends on %s: the command's dependencies belong in cmd/oncekit's module", dep)
+		}
+	}
+	libs, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Deps " "}}`, mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(libs)), "\n") {
+		fields := strings.Fields(line)
+		rel := strings.TrimPrefix(fields[0], mod)
+		if strings.HasPrefix(rel, "samples/") || strings.HasPrefix(rel, "tools/") {
+			continue
+		}
+		for _, dep := range fields[1:] {
+			if strings.HasPrefix(dep, "go.opentelemetry.io/otel/exporters/") {
+				t.Errorf("%s depends on %s: exporters are the application's choice", rel, dep)
 			}
 		}
 	}

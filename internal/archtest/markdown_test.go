@@ -2,9 +2,6 @@ package archtest
 
 import (
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -30,10 +27,12 @@ import (
 //     call a function or a type, and a call written where one value is expected
 //     (`Opts.Key = keys.Business(...)`) must return one value.
 //   - Commands: `make TARGET` against the Makefile's targets; `oncekit SUBCOMMAND
-//     --flag` (also as `go run ./cmd/oncekit ...`) against the usage text of
-//     cmd/oncekit, what `oncekit --help` prints: the subcommand and each flag; the
+//     --flag` against cmd/oncekit/usage.txt, which lists every command and flag of the
+//     command as its --help describes them (a test of the command keeps it current); the
 //     package directories of `go run`, `go test`, `go build` and `go install`, and any
-//     github.com/oncekit/oncekit/... path.
+//     github.com/oncekit/oncekit/... path. A directory that is a module of its own, such
+//     as cmd/oncekit, is no package of this module: `go run ./cmd/oncekit` from the root
+//     is refused.
 //
 // Fenced blocks that are not Go are read for commands too: in a block with "$ "
 // prompts, the prompted lines (the rest is output); in one without, every line. Go
@@ -62,7 +61,7 @@ func TestMarkdownNamesExist(t *testing.T) {
 		t.Fatal(err)
 	}
 	targets := makeTargets(t, filepath.Join(m.root, "Makefile"))
-	cli := oncekitUsage(t, filepath.Join(m.root, "cmd", "oncekit", "run.go"))
+	cli := oncekitUsage(t, filepath.Join(m.root, "cmd", "oncekit", "usage.txt"))
 	c := &docChecker{m: m, targets: targets, cli: cli, headings: map[string]map[string]bool{}}
 	for _, name := range files {
 		t.Run(strings.TrimSuffix(filepath.ToSlash(name), ".md"), func(t *testing.T) {
@@ -167,7 +166,7 @@ func (c *docChecker) command(line string) []error {
 					errs = append(errs, fmt.Errorf("the Makefile has no target %q (make help lists them)", w))
 				}
 			}
-		case words[0] == "oncekit" || words[0] == "./cmd/oncekit":
+		case words[0] == "oncekit" || words[0] == "./bin/oncekit":
 			errs = append(errs, c.cli.check(words[1:])...)
 		case words[0] == "go" && len(words) > 1:
 			errs = append(errs, c.goCommand(words[1:])...)
@@ -181,8 +180,8 @@ func (c *docChecker) command(line string) []error {
 	return errs
 }
 
-// goCommand checks the package directories a go command names, and the arguments of
-// go run ./cmd/oncekit.
+// goCommand checks the package directories a go command names: each must be a package
+// of this module, not the directory of a module of its own.
 func (c *docChecker) goCommand(args []string) []error {
 	switch args[0] {
 	case "run", "test", "build", "install", "vet":
@@ -190,7 +189,7 @@ func (c *docChecker) goCommand(args []string) []error {
 		return nil
 	}
 	var errs []error
-	for i, a := range args[1:] {
+	for _, a := range args[1:] {
 		if !strings.HasPrefix(a, "./") {
 			continue
 		}
@@ -198,10 +197,10 @@ func (c *docChecker) goCommand(args []string) []error {
 		if err := c.packageDir(strings.TrimPrefix(dir, ".")); err != nil {
 			errs = append(errs, err)
 		}
+		if _, err := os.Stat(filepath.Join(c.m.root, filepath.FromSlash(dir), "go.mod")); err == nil && dir != "." {
+			errs = append(errs, fmt.Errorf("%s is a module of its own: go %s cannot reach it from the root (for the command: make oncekit, or go install)", dir, args[0]))
+		}
 		if args[0] == "run" {
-			if dir == "./cmd/oncekit" {
-				errs = append(errs, c.cli.check(args[i+2:])...)
-			}
 			break // what follows is the program's arguments
 		}
 	}
@@ -445,27 +444,16 @@ type usage struct {
 	global   map[string]bool
 }
 
-// oncekitUsage reads the usage text of the oncekit command, the constant usage in
-// path: each line under "commands:" starts with a command (one or two lower-case
-// words) and lists its flags; the line "every command:" lists the flags all take.
+// oncekitUsage reads the usage text of the oncekit command, the file path: each line
+// under "commands:" starts with a command (one or two lower-case words) and lists its
+// flags; the line "every command:" lists the flags all take.
 func oncekitUsage(t *testing.T, path string) *usage {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+	src, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v: the check reads the subcommands from it (go test -run UsageFile in cmd/oncekit writes it)", err)
 	}
-	var text string
-	ast.Inspect(f, func(n ast.Node) bool {
-		if vs, ok := n.(*ast.ValueSpec); ok && len(vs.Names) == 1 && vs.Names[0].Name == "usage" && len(vs.Values) == 1 {
-			if lit, ok := vs.Values[0].(*ast.BasicLit); ok {
-				text, err = strconv.Unquote(lit.Value)
-			}
-		}
-		return true
-	})
-	if err != nil || text == "" {
-		t.Fatalf("%s: no usage constant found (%v): the check reads the subcommands from it", path, err)
-	}
+	text := string(src)
 	u := &usage{commands: map[string]map[string]bool{}, global: map[string]bool{"help": true, "h": true}}
 	flag := regexp.MustCompile(`--?([a-z][a-z0-9-]*)`)
 	in := false

@@ -2,6 +2,11 @@
 // holds the defaults they share.
 package config
 
+import (
+	"os"
+	"path/filepath"
+)
+
 // SchemaDefault is the schema every feature's tables live in unless configured
 // otherwise.
 const SchemaDefault = "oncekit"
@@ -25,4 +30,20 @@ func Or[T comparable](v, def T) T {
 		return def
 	}
 	return v
+}
+
+// CacheDir returns where built and fetched tools (the Temporal CLI, PostgreSQL server
+// binaries) are kept: $ONCEKIT_CACHE, else $XDG_CACHE_HOME/oncekit, else
+// ~/.cache/oncekit.
+func CacheDir() string {
+	if d := os.Getenv("ONCEKIT_CACHE"); d != "" {
+		return d
+	}
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "oncekit")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".cache", "oncekit")
+	}
+	return filepath.Join(os.TempDir(), "oncekit-cache")
 }

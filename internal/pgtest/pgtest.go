@@ -41,7 +41,8 @@ func CitusCluster(tb testing.TB) *Citus {
 
 // Main runs the tests of a package against a real PostgreSQL: the server named by
 // DATABASE_URL when it is set, otherwise a throwaway cluster that lives as long as the
-// test binary. Call it from TestMain.
+// test binary, of the major version ONCEKIT_PG_VERSION names (see [Releases]) or from the
+// machine's own binaries when it is unset. Call it from TestMain.
 func Main(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -53,6 +54,15 @@ func run(m *testing.M) int {
 	}
 	if os.Getenv(CitusEnv) == "1" {
 		return runCitus(m)
+	}
+	// A chosen release is fetched first, on its own clock: the first download may take
+	// minutes on a slow network.
+	fetchCtx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	_, _, err := serverBinDir(fetchCtx, 0)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	c, err := StartCluster(ctx, nil)

@@ -1,10 +1,12 @@
 -- The external mode's claim, committed before the call. It takes over an expired record (as
--- a new intent) or a pending one whose lease ran out (the same intent, next attempt).
+-- a new intent) or a pending one whose lease ran out (the same intent, next attempt). A
+-- pending record expires no earlier than its lease ends, so that neither a purge nor another
+-- attempt takes a key whose holder is still within its lease.
 -- $1 tenant, $2 operation, $3 key, $4 now (NULL: the database clock), $5 fingerprint,
 -- $6 owner token, $7 lease, $8 retention.
 INSERT INTO {{records}} AS r (tenant, operation, key, fingerprint, state, owner_token, lease_until,
         attempts, created_at, updated_at, expires_at)
-    VALUES ($1, $2, $3, $5, 'pending', $6, coalesce($4::timestamptz, now()) + $7::interval, 1, coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()) + $8::interval)
+    VALUES ($1, $2, $3, $5, 'pending', $6, coalesce($4::timestamptz, now()) + $7::interval, 1, coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()) + greatest($7::interval, $8::interval))
     ON CONFLICT (tenant, operation, key) DO UPDATE SET
         owner_token = excluded.owner_token,
         lease_until = excluded.lease_until,

@@ -1,5 +1,6 @@
 -- Renews the lease from now.
 -- $1 tenant, $2 operation, $3 key, $4 now (NULL: the database clock), $5 owner token,
 -- $6 lease.
-UPDATE {{records}} SET lease_until = coalesce($4::timestamptz, now()) + $6::interval, updated_at = coalesce($4::timestamptz, now())
+UPDATE {{records}} SET lease_until = coalesce($4::timestamptz, now()) + $6::interval, updated_at = coalesce($4::timestamptz, now()),
+        expires_at = greatest(expires_at, coalesce($4::timestamptz, now()) + $6::interval)
     WHERE tenant = $1 AND operation = $2 AND key = $3 AND state = 'pending' AND owner_token = $5 RETURNING lease_until

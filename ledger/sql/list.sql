@@ -1,7 +1,10 @@
--- Records newest first, for operators.
+-- Records newest first, for operators, a page at a time.
 -- $1 state ('' for any), $2 operation ('' for any), $3 tenant ('' for any), $4 minimum age
 -- in seconds, $5 only pending records whose lease ran out, $6 limit, $7 now (NULL: the
--- database clock).
+-- database clock), $8 key prefix ('' for any), $9 LIKE patterns of which the key matches
+-- one (empty for any), $10 created at or after (NULL for any), $11 created before (NULL
+-- for any), $12-$15 the created_at, tenant, operation and key of the record the page
+-- starts after (NULL $12 for the first page).
 SELECT tenant, operation, key, fingerprint, state, status_code, body, error_code, error_message, resource_ref,
     owner_token, lease_until, uncertain, attempts, created_at, updated_at, expires_at,
     expires_at <= coalesce($7::timestamptz, now()),
@@ -10,5 +13,10 @@ FROM {{records}}
 WHERE ($1 = '' OR state = $1) AND ($2 = '' OR operation = $2) AND ($3 = '' OR tenant = $3)
     AND created_at <= coalesce($7::timestamptz, now()) - make_interval(secs => $4)
     AND (NOT $5 OR (state = 'pending' AND lease_until <= coalesce($7::timestamptz, now())))
-ORDER BY created_at DESC
+    AND ($8 = '' OR starts_with(key, $8))
+    AND (cardinality($9::text[]) = 0 OR key LIKE ANY ($9::text[]))
+    AND ($10::timestamptz IS NULL OR created_at >= $10::timestamptz)
+    AND ($11::timestamptz IS NULL OR created_at < $11::timestamptz)
+    AND ($12::timestamptz IS NULL OR (created_at, tenant, operation, key) < ($12::timestamptz, $13::text, $14::text, $15::text))
+ORDER BY created_at DESC, tenant DESC, operation DESC, key DESC
 LIMIT $6

@@ -46,6 +46,7 @@ type config struct {
 	faults      faultConfig
 	grace       time.Duration // how long an interrupted run waits for the orders in flight
 	killEvery   int           // one order in killEvery kills the worker after its charge
+	otlp        string        // the OTLP endpoint the workers export to; "": none
 }
 
 func main() {
@@ -69,6 +70,8 @@ func main() {
 	flag.DurationVar(&cfg.faults.temporalEvery, "temporal-crash-every", 0, "SIGKILL and restart the Temporal dev server about this often (its state is kept in a file)")
 	flag.DurationVar(&cfg.grace, "grace", 2*time.Minute, "how long an interrupted run waits for the orders in flight")
 	flag.IntVar(&cfg.killEvery, "kill-every", 20, "one order in this many SIGKILLs the worker right after its charge (0: none)")
+	flag.StringVar(&cfg.otlp, "otlp", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"),
+		"export the workers' metrics and traces to this OTLP/gRPC endpoint, such as http://localhost:4317 (default: OTEL_EXPORTER_OTLP_ENDPOINT; empty: export nothing)")
 	flag.Parse()
 	rep, err := run(cfg)
 	if err != nil {
@@ -96,6 +99,9 @@ func run(cfg config) (demoReport, error) {
 	defer stop()
 	start := time.Now()
 
+	if err := checkOTLP(cfg.otlp); err != nil {
+		return demoReport{}, err
+	}
 	tmp, err := devenv.Start(ctx, &devenv.Config{UIPort: cfg.uiPort, Progress: os.Stderr,
 		PersistTemporal: cfg.faults.temporalEvery > 0, Keep: cfg.keep,
 		// A crash of a server with fsync off loses commits that were acknowledged:
@@ -120,6 +126,9 @@ func run(cfg config) (demoReport, error) {
 	if tmp.UIAddress != "" {
 		fmt.Printf(", web UI at %s", tmp.UIAddress)
 	}
+	if cfg.otlp != "" {
+		fmt.Printf("; workers export metrics and traces to %s", cfg.otlp)
+	}
 	fmt.Println()
 
 	var pool *pgxpool.Pool
@@ -143,7 +152,8 @@ func run(cfg config) (demoReport, error) {
 	}
 	defer func() { _ = os.RemoveAll(metricsDir) }()
 	sup := &supervisor{env: []string{envRole + "=worker", envDB + "=" + tmp.DatabaseURL, envTemporal + "=" + tmp.TemporalAddress,
-		envNamespace + "=" + tmp.Namespace, envProvider + "=" + providerURL, envQueue + "=" + queue, envMetrics + "=" + metricsDir}}
+		envNamespace + "=" + tmp.Namespace, envProvider + "=" + providerURL, envQueue + "=" + queue, envMetrics + "=" + metricsDir,
+		envOTLP + "=" + cfg.otlp}}
 	sup.start()
 	defer sup.stop()
 

@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-
-	"github.com/oncekit/oncekit/internal/countmeter"
 )
 
 // envMetrics names the directory where each worker process keeps its counts.
@@ -20,14 +18,14 @@ const envMetrics = "PAYMENT_DEMO_METRICS"
 // most this much.
 const metricsFlush = 200 * time.Millisecond
 
-// keepMetrics writes the meter's sums to its own file in dir until ctx ends.
-func keepMetrics(ctx context.Context, m *countmeter.Provider, dir string) {
+// keepMetrics writes the counters' sums to its own file in dir until ctx ends.
+func keepMetrics(ctx context.Context, sums func() map[string]int64, dir string) {
 	if dir == "" {
 		return
 	}
 	path := filepath.Join(dir, fmt.Sprintf("worker-%d.json", os.Getpid()))
 	write := func() {
-		b, _ := json.Marshal(m.Sums())
+		b, _ := json.Marshal(sums())
 		tmp := path + ".tmp"
 		if os.WriteFile(tmp, b, 0o644) == nil {
 			_ = os.Rename(tmp, path)

@@ -13,7 +13,6 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/devenv"
-	"github.com/oncekit/oncekit/internal/countmeter"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/worker"
 )
@@ -41,9 +40,18 @@ func runWorker(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	meter := countmeter.New()
-	go keepMetrics(ctx, meter, os.Getenv(envMetrics))
-	l, err := ledger.New(pool, &ledger.Config{Schema: demoSchema, MeterProvider: meter})
+	tel, err := newTelemetry(ctx, os.Getenv(envOTLP))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Export what is left after a SIGTERM; a SIGKILLed worker loses its last interval.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tel.shutdown(sctx)
+	}()
+	go keepMetrics(ctx, tel.sums, os.Getenv(envMetrics))
+	l, err := ledger.New(pool, &ledger.Config{Schema: demoSchema, MeterProvider: tel.meter, TracerProvider: tel.tracer})
 	if err != nil {
 		return err
 	}

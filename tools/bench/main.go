@@ -21,7 +21,7 @@ import (
 
 func main() {
 	quick := flag.Bool("quick", false, "run a few iterations only, to check the benchmark works")
-	only := flag.String("only", "", "run one group only: ledger, http, messaging or activity")
+	only := flag.String("only", "", "run one group only: ledger, http, messaging, activity, or scale (which runs only when named)")
 	flag.Parse()
 	if err := run(*quick, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -94,7 +94,8 @@ func freshServer(databaseURL string) func(context.Context) (string, func(), erro
 func run(quick bool, only string) error {
 	ctx := context.Background()
 	url := os.Getenv("DATABASE_URL")
-	if url == "" {
+	// The scale group starts a cluster of its own.
+	if url == "" && only != "scale" {
 		c, err := pgtest.StartCluster(ctx, clusterOpts())
 		if err != nil {
 			return err
@@ -111,19 +112,29 @@ func run(quick bool, only string) error {
 	groups := []struct {
 		name string
 		run  func(context.Context, io.Writer) error
+		// named says the group runs only when -only names it.
+		named bool
 	}{
 		{"ledger", ledgerBench{server: freshServer(url), reps: scale(4, 1), rounds: scale(240, 2), burst: 5,
-			serverTime: os.Getenv("DATABASE_URL") == "" && clusterOpts().Settings != nil}.run},
+			serverTime: os.Getenv("DATABASE_URL") == "" && clusterOpts().Settings != nil}.run, false},
 		{"http", repeatedGroup(freshServer(url), scale(4, 1), func(url string) func(context.Context, io.Writer) error {
 			return httpBench{url: url, rounds: scale(200, 2), opsPerRound: 5}.run
-		})},
+		}), false},
 		{"messaging", repeatedGroup(freshServer(url), scale(4, 1), func(url string) func(context.Context, io.Writer) error {
 			return messagingBench{url: url, rounds: scale(200, 2), opsPerRound: 5, dispatchN: scale(50000, 2000)}.run
-		})},
-		{"activity", activityBench{url: url, rounds: scale(15, 2)}.run},
+		}), false},
+		{"activity", activityBench{url: url, rounds: scale(15, 2)}.run, false},
+		{name: "scale", named: true, run: func(ctx context.Context, out io.Writer) error {
+			sizes, err := scaleSizes()
+			if err != nil {
+				return err
+			}
+			return scaleBench{sizes: sizes, samples: scale(3000, 100), window: time.Duration(scale(20, 2)) * time.Second,
+				outboxCap: time.Duration(scale(60, 5)) * time.Second}.run(ctx, out)
+		}},
 	}
 	for _, g := range groups {
-		if only != "" && only != g.name {
+		if only != g.name && (only != "" || g.named) {
 			continue
 		}
 		start := time.Now()

@@ -1,6 +1,8 @@
-// Command transcript produces the README's transcript of the oncekit command: it starts
-// a throwaway PostgreSQL, records a few intents (one claim left stuck), builds the command
-// and runs it.
+// Command transcript produces the transcript of the oncekit command that
+// docs/operating.md shows: it starts a throwaway PostgreSQL, records a few intents (a
+// claim left stuck, one whose lease is live, activity keys of a workflow run) and a dead
+// outbox event, builds the command from its module and runs it, printing each command
+// line and its real output.
 //
 //	go run ./tools/transcript
 package main
@@ -22,6 +24,7 @@ import (
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/migrate"
+	"github.com/oncekit/oncekit/outbox"
 )
 
 func must(err error) {
@@ -51,20 +54,51 @@ func main() {
 		}, nil)
 		must(err)
 	}
-	_, err = l.Claim(ctx, in("shop", "payments.charge", "charge-7"), &ledger.ClaimOpts{Lease: time.Second})
+	// A payment activity's claims, keyed by its workflow run and activity ID: one whose
+	// worker died (its lease runs out below), one still running.
+	run := "0196f3c2-7d4e-7a1b-9c55-2f0e8b6d1a44"
+	_, err = l.Claim(ctx, in("shop", "payments.charge", string(keys.Run(run, "5"))), &ledger.ClaimOpts{Lease: 2 * time.Second})
 	must(err)
-	time.Sleep(1100 * time.Millisecond)
-	bin := filepath.Join(os.TempDir(), "oncekit-transcript")
-	must(exec.Command("go", "build", "-o", bin, "./cmd/oncekit").Run())
-	defer os.Remove(bin)
+	_, err = l.Claim(ctx, in("shop", "payments.charge", string(keys.Run(run, "9"))), &ledger.ClaimOpts{Lease: time.Hour})
+	must(err)
+	// An event the broker refused for good: dead until an operator retries it.
+	out, err := outbox.New(pool, nil)
+	must(err)
+	must(pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := out.Enqueue(ctx, tx, outbox.Event{Topic: "payments.captured", Payload: []byte(`{"order":"order-1","amount":4200}`)})
+		return err
+	}))
+	refuse := outbox.PublisherFunc(func(context.Context, outbox.Event) error {
+		return fmt.Errorf("broker: topic payments.captured: schema rejected: %w", outbox.ErrPermanent)
+	})
+	d, err := outbox.NewDispatcher(out, refuse, nil)
+	must(err)
+	_, err = d.Drain(ctx)
+	must(err)
+	time.Sleep(2100 * time.Millisecond) // the short lease runs out, as a dead worker's does
+
+	dir, err := os.MkdirTemp("", "oncekit-transcript-")
+	must(err)
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "oncekit")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = filepath.Join("cmd", "oncekit")
+	build.Stderr = os.Stderr
+	must(build.Run())
+	stuck, live := string(keys.Run(run, "5")), string(keys.Run(run, "9"))
 	for _, args := range [][]string{
 		{"status"},
-		{"list", "--stuck"},
-		{"inspect", "shop", "payments.charge", "charge-7"},
-		{"release", "shop", "payments.charge", "charge-7"},
-		{"release", "shop", "payments.charge", "charge-7", "--yes"},
+		{"list", "--run-id", run},
+		{"inspect", "shop", "payments.charge", stuck},
+		{"release", "shop", "payments.charge", live},
+		{"release", "shop", "payments.charge", stuck},
+		{"release", "shop", "payments.charge", stuck, "-y", "--reason", "INC-311: worker host lost", "--actor", "alice"},
+		{"inspect", "shop", "payments.charge", stuck},
+		{"outbox", "dead"},
+		{"purge"},
+		{"migrate", "status"},
 	} {
-		fmt.Printf("$ oncekit %s\n", strings.Join(args, " "))
+		fmt.Printf("$ oncekit %s\n", shellQuote(args))
 		cmd := exec.Command(bin, args...)
 		cmd.Env = append(os.Environ(), "DATABASE_URL="+env.DatabaseURL)
 		out, err := cmd.CombinedOutput()
@@ -75,4 +109,16 @@ func main() {
 		}
 		fmt.Println()
 	}
+}
+
+// shellQuote joins args as a shell would read them back.
+func shellQuote(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if strings.ContainsAny(a, " :'\"$") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		out[i] = a
+	}
+	return strings.Join(out, " ")
 }

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
+)
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitFailed   = 1 // the database refused or could not be reached
+	exitUsage    = 2 // a mistake in the command line
+	exitNotFound = 3 // no such record or event
+	exitRefused  = 4 // a change shown and not made: --yes (or --force) was not given
+	exitSchema   = 5 // the schema is not oncekit's, lacks a table, or is ahead of this build
+)
+
+// exitCodes is the exit codes' description, in the root command's help.
+const exitCodes = `Exit codes: 0 done; 1 the database refused or could not be reached; 2 a usage error;
+3 no such record or event; 4 a change shown but not made (add --yes, or --force for a live
+lease); 5 the schema is not migrated, lacks a table, or is newer than this build.`
+
+// app is one invocation of the command.
+type app struct {
+	ctx         context.Context
+	out, errOut io.Writer
+	getenv      func(string) string
+
+	databaseURL string
+	schema      string
+	json        bool
+
+	pool *pgxpool.Pool
+}
+
+// usageError is a mistake in the command line.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+// exitError ends the command with a code other than 1.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e exitError) Error() string { return e.msg }
+
+// ranError marks an error returned by a command's own code, as opposed to one cobra
+// returns for the command line.
+type ranError struct{ err error }
+
+func (e ranError) Error() string { return e.err.Error() }
+func (e ranError) Unwrap() error { return e.err }
+
+func run(ctx context.Context, args []string, out, errOut io.Writer, getenv func(string) string) int {
+	a := &app{ctx: ctx, out: out, errOut: errOut, getenv: getenv}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetOut(out)
+	root.SetErr(errOut)
+	cmd, err := root.ExecuteContextC(ctx)
+	if a.pool != nil {
+		a.pool.Close()
+	}
+	return a.exit(cmd, err)
+}
+
+// exit prints err, if any, with the command's one prefix, and returns the exit code.
+func (a *app) exit(cmd *cobra.Command, err error) int {
+	if err == nil {
+		return exitOK
+	}
+	var (
+		ran   ranError
+		usage usageError
+		ee    exitError
+	)
+	help := "oncekit --help"
+	if cmd != nil {
+		help = cmd.CommandPath() + " --help"
+	}
+	switch {
+	case !errors.As(err, &ran), errors.As(err, &usage):
+		fmt.Fprintf(a.errOut, "oncekit: %v\n(%s describes the command and its flags)\n", oneLine(err.Error()), help)
+		return exitUsage
+	case errors.As(err, &ee):
+		fmt.Fprintf(a.errOut, "oncekit: %s\n", ee.msg)
+		return ee.code
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined_table, invalid_schema_name
+		fmt.Fprintf(a.errOut, "oncekit: schema %q lacks a table this command reads (%s): run `oncekit migrate`, or name the schema oncekit's tables are in with --schema\n",
+			a.schema, oneLine(pgErr.Message))
+		return exitSchema
+	}
+	fmt.Fprintf(a.errOut, "oncekit: %v\n", oneLine(err.Error()))
+	return exitFailed
+}
+
+// oneLine keeps an error on one line.
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "oncekit",
+		Short: "Operate an oncekit schema: migrations, records, outbox and inbox",
+		Long: `oncekit operates the tables of an oncekit schema: it applies and reports the
+migrations, finds and shows ledger records, and releases, evicts, retries and purges.
+
+Changes are safe by default: release, evict, purge, outbox retry --all/--topic and the
+purges show what they would change and change nothing without --yes (-y); a pending
+record whose lease is live is released only with --force; each release and eviction
+needs --reason and keeps an audit row that inspect shows.
+
+The database is --database-url, or DATABASE_URL, or, when neither is set, what the PG*
+variables (PGHOST, PGUSER, PGDATABASE, ...) and ~/.pgpass say, as for psql.
+
+` + exitCodes,
+		SilenceErrors:     true,
+		SilenceUsage:      true,
+		Version:           commandVersion(),
+		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: false},
+	}
+	root.SetVersionTemplate("oncekit {{.Version}}\n")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err.Error()} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.databaseURL, "database-url", "", "the database, such as postgres://user@host:5432/db (default: DATABASE_URL, else the PG* variables and ~/.pgpass)")
+	pf.StringVar(&a.schema, "schema", ledger.SchemaDefault, "the schema holding oncekit's tables")
+	pf.BoolVar(&a.json, "json", false, "print JSON (snake_case keys, [] for empty lists) for scripts")
+	root.AddCommand(a.migrateCommand(), a.statusCommand(), a.inspectCommand(), a.listCommand(),
+		a.changeCommand(ledger.ActionRelease), a.changeCommand(ledger.ActionEvict), a.purgeCommand(),
+		a.outboxCommand(), a.inboxCommand(), a.versionCommand())
+	return root
+}
+
+// runE adapts a command's function: its errors are marked as its own.
+func runE(fn func(cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := fn(cmd, args); err != nil {
+			return ranError{err}
+		}
+		return nil
+	}
+}
+
+// args checks the number of positional arguments, naming them in the error.
+func args(n int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if n >= 0 && len(args) != n {
+			if n == 0 {
+				return usageError{fmt.Sprintf("%s takes no arguments, only flags (got %d)", cmd.CommandPath(), len(args))}
+			}
+			return usageError{fmt.Sprintf("%s takes %s (got %d arguments)", cmd.CommandPath(), names, len(args))}
+		}
+		return nil
+	}
+}
+
+// connect opens the database and checks its schema against this build: a schema newer
+// than the build, or one without oncekit's tables, is refused; missing migrations are
+// reported.
+func (a *app) connect() error {
+	if err := a.open(); err != nil {
+		return err
+	}
+	status, err := migrate.Status(a.ctx, a.pool, a.schema)
+	if err != nil {
+		return err
+	}
+	if err := migrate.Check(a.schema, status); err != nil {
+		return exitError{exitSchema, fmt.Sprintf("%s; this is oncekit %s", strings.TrimPrefix(err.Error(), "oncekit/migrate: "), commandVersion())}
+	}
+	applied, pending := 0, []string{}
+	for _, st := range status {
+		applied += len(st.Applied)
+		for _, m := range st.Pending {
+			pending = append(pending, fmt.Sprintf("%s/%03d_%s", m.Line, m.Version, m.Name))
+		}
+	}
+	if applied == 0 {
+		return exitError{exitSchema, fmt.Sprintf("schema %q has no oncekit tables: run `oncekit migrate` to create them, or name the schema they are in with --schema", a.schema)}
+	}
+	if len(pending) > 0 {
+		fmt.Fprintf(a.errOut, "oncekit: warning: schema %q lacks %d migrations (%s): run `oncekit migrate`\n", a.schema, len(pending), strings.Join(pending, ", "))
+	}
+	return nil
+}
+
+// open opens the database without looking at the schema.
+func (a *app) open() error {
+	url := a.databaseURL
+	if url == "" {
+		url = a.getenv("DATABASE_URL")
+	}
+	// An empty URL leaves pgx to the PG* variables and ~/.pgpass, as libpq does.
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return usageError{fmt.Sprintf("the database URL does not parse: %v", oneLine(err.Error()))}
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(a.ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if err := pool.Ping(a.ctx); err != nil {
+		pool.Close()
+		return fmt.Errorf("cannot reach the database (is it running, and are --database-url or DATABASE_URL, or the PG* variables, right?): %w", err)
+	}
+	a.pool = pool
+	return nil
+}
+
+// emit prints v as JSON, or calls text to print it as aligned text.
+func (a *app) emit(v any, text func(w *tabwriter.Writer)) error {
+	if a.json {
+		enc := json.NewEncoder(a.out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	w := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+	text(w)
+	return w.Flush()
+}
+
+// actor names who runs the command, for audit rows: the OS user and host.
+func actor() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	if host, err := os.Hostname(); err == nil && host != "" {
+		name += "@" + host
+	}
+	return name
+}
+
+// ago says how long ago t was, or how long until it is, to the second.
+func ago(t, now time.Time) string {
+	d := now.Sub(t).Round(time.Second)
+	if d < 0 {
+		return "in " + (-d).String()
+	}
+	return d.String() + " ago"
+}
+
+func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+// shortDuration writes d without its zero minutes and seconds: 168h, not 168h0m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}

@@ -1,0 +1,299 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/oncekit/oncekit/internal/config"
+)
+
+// Operator calls: what the oncekit command runs to look into the outbox and to send dead
+// events again.
+
+// The states of an event, as [EventRecord].State names them.
+const (
+	StatePending   = "pending"
+	StatePublished = "published"
+	StateDead      = "dead"
+)
+
+// Limits and defaults of the operator calls.
+const (
+	// DeadLimitDefault is how many events [Outbox.ListDead] returns when
+	// DeadOpts.Limit is 0.
+	DeadLimitDefault = 100
+	// MaxRetryDead is the most events one [Outbox.RetryDead] call sends again: they are
+	// all updated in one transaction, which holds their ordering keys' locks until it
+	// commits.
+	MaxRetryDead = 10000
+)
+
+// ErrEventNotFound: no event has the ID.
+var ErrEventNotFound = errors.New("oncekit/outbox: no event with this ID")
+
+// ErrNotDead: an event to retry is not dead, or does not exist.
+var ErrNotDead = errors.New("oncekit/outbox: the event is not dead")
+
+// NotDeadError reports the events [Outbox.RetryDead] was asked to retry that are not
+// dead (or do not exist); nothing was retried.
+type NotDeadError struct {
+	// IDs are the events that are not dead, at most 20 of them.
+	IDs []uuid.UUID
+	// Count is how many there were.
+	Count int
+}
+
+func (e *NotDeadError) Error() string {
+	ids := make([]string, len(e.IDs))
+	for i, id := range e.IDs {
+		ids[i] = id.String()
+	}
+	more := ""
+	if e.Count > len(e.IDs) {
+		more = fmt.Sprintf(" and %d more", e.Count-len(e.IDs))
+	}
+	return fmt.Sprintf("oncekit/outbox: %d of the events to retry are not dead (%s%s): nothing was retried; list the dead events and retry those",
+		e.Count, strings.Join(ids, ", "), more)
+}
+
+// Is matches [ErrNotDead].
+func (e *NotDeadError) Is(target error) bool { return target == ErrNotDead }
+
+// EventRecord is an event as the outbox holds it.
+type EventRecord struct {
+	Event
+	// State is StatePending, StatePublished or StateDead.
+	State string
+	// AvailableAt is when a dispatcher may next try a pending event.
+	AvailableAt time.Time
+	// PublishedAt is when a published event was published; zero otherwise.
+	PublishedAt time.Time
+	// LockedUntil is when the claim of the dispatcher publishing it runs out; zero when
+	// no dispatcher holds it.
+	LockedUntil time.Time
+	// LastError is the last publication's error.
+	LastError string
+	// TraceParent is the W3C traceparent of the transaction that enqueued it, or "".
+	TraceParent string
+}
+
+// Get returns the event with id, whatever its state, or [ErrEventNotFound].
+func (o *Outbox) Get(ctx context.Context, id uuid.UUID) (*EventRecord, error) {
+	var e EventRecord
+	var key, lastError *string
+	var publishedAt, lockedUntil *time.Time
+	var trace []byte
+	err := o.pool.QueryRow(ctx, `SELECT id, topic, ordering_key, payload, attempts, created_at, state, available_at,
+		published_at, locked_until, last_error, trace_context FROM `+o.t+` WHERE id = $1`, id).Scan(&e.ID, &e.Topic, &key,
+		&e.Payload, &e.Attempts, &e.CreatedAt, &e.State, &e.AvailableAt, &publishedAt, &lockedUntil, &lastError, &trace)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrEventNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("oncekit/outbox: get %s: %w", id, err)
+	}
+	e.OrderingKey, e.LastError = deref(key), deref(lastError)
+	if publishedAt != nil {
+		e.PublishedAt = *publishedAt
+	}
+	if lockedUntil != nil && e.State == StatePending {
+		e.LockedUntil = *lockedUntil
+	}
+	var carrier map[string]string
+	if len(trace) > 0 && json.Unmarshal(trace, &carrier) == nil {
+		e.TraceParent = carrier["traceparent"]
+	}
+	return &e, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// DeadOpts filter [Outbox.ListDead]. A nil *DeadOpts lists the oldest dead events.
+type DeadOpts struct {
+	// Topic keeps the events of this topic. Defaults to "": every topic.
+	Topic string
+	// Limit bounds the number of events; a negative one is refused. Defaults to
+	// [DeadLimitDefault].
+	Limit int
+}
+
+// ListDead lists dead events, oldest first, filtered by opts.
+func (o *Outbox) ListDead(ctx context.Context, opts *DeadOpts) ([]DeadEvent, error) {
+	c := config.Of(opts)
+	if c.Limit < 0 {
+		return nil, fmt.Errorf("oncekit/outbox: DeadOpts.Limit %d is negative", c.Limit)
+	}
+	rows, err := o.pool.Query(ctx, `SELECT id, topic, coalesce(ordering_key, ''), payload, attempts, created_at, coalesce(last_error, '')
+		FROM `+o.t+` WHERE state = 'dead' AND ($1 = '' OR topic = $1) ORDER BY seq LIMIT $2`, c.Topic, config.Or(c.Limit, DeadLimitDefault))
+	if err != nil {
+		return nil, fmt.Errorf("oncekit/outbox: list dead events: %w", err)
+	}
+	dead, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadEvent, error) {
+		var d DeadEvent
+		err := r.Scan(&d.ID, &d.Topic, &d.OrderingKey, &d.Payload, &d.Attempts, &d.CreatedAt, &d.LastError)
+		return d, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("oncekit/outbox: list dead events: %w", err)
+	}
+	return dead, nil
+}
+
+// RetryDeadOpts choose the dead events [Outbox.RetryDead] sends again: the events
+// named by IDs, or every dead event of Topic, or, with All, every dead event.
+type RetryDeadOpts struct {
+	// IDs names the events; each must be dead. Defaults to none.
+	IDs []uuid.UUID
+	// Topic chooses every dead event of the topic. Defaults to "".
+	Topic string
+	// All chooses every dead event. Defaults to false.
+	All bool
+}
+
+// RetryDead returns dead events to the pending state with their attempts reset, as
+// [Outbox.Retry] does one, all in one transaction: either every chosen event is
+// retried, or, when one of the IDs is not dead or more than [MaxRetryDead] events are
+// chosen, none is. The events keep their relative order and take their places at the
+// end of the outbox order. It returns the IDs retried, in that order.
+func (o *Outbox) RetryDead(ctx context.Context, opts *RetryDeadOpts) ([]uuid.UUID, error) {
+	c := config.Of(opts)
+	chosen := 0
+	if len(c.IDs) > 0 {
+		chosen++
+	}
+	if c.Topic != "" {
+		chosen++
+	}
+	if c.All {
+		chosen++
+	}
+	if chosen != 1 {
+		return nil, errors.New("oncekit/outbox: RetryDead takes exactly one of RetryDeadOpts.IDs, Topic and All")
+	}
+	if len(c.IDs) > MaxRetryDead {
+		return nil, fmt.Errorf("oncekit/outbox: %d events to retry, more than MaxRetryDead (%d): retry them in parts", len(c.IDs), MaxRetryDead)
+	}
+	var retried []uuid.UUID
+	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		ids := c.IDs
+		if ids == nil {
+			ids = []uuid.UUID{}
+		}
+		rows, err := tx.Query(ctx, `SELECT id, ordering_key FROM `+o.t+` WHERE state = 'dead'
+			AND (cardinality($1::uuid[]) = 0 OR id = ANY ($1::uuid[])) AND ($2 = '' OR topic = $2) ORDER BY seq LIMIT $3`,
+			ids, c.Topic, MaxRetryDead+1)
+		if err != nil {
+			return err
+		}
+		type target struct {
+			id  uuid.UUID
+			key *string
+		}
+		targets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (target, error) {
+			var t target
+			return t, r.Scan(&t.id, &t.key)
+		})
+		if err != nil {
+			return err
+		}
+		if len(targets) > MaxRetryDead {
+			return fmt.Errorf("oncekit/outbox: more than MaxRetryDead (%d) dead events match: retry them by topic or by ID, in parts", MaxRetryDead)
+		}
+		if len(c.IDs) > 0 && len(targets) != len(c.IDs) {
+			return notDead(c.IDs, targets, func(t target) uuid.UUID { return t.id })
+		}
+		var orderingKeys []string
+		for _, t := range targets {
+			if t.key != nil && !slices.Contains(orderingKeys, *t.key) {
+				orderingKeys = append(orderingKeys, *t.key)
+			}
+		}
+		// Locks in sorted order, as Enqueue takes them, before the rows, as Retry does.
+		slices.Sort(orderingKeys)
+		b := &pgx.Batch{}
+		for _, k := range orderingKeys {
+			b.Queue(keyLock, o.schema+"."+k)
+		}
+		// One statement per event, in their order, so each takes its new place after the
+		// one before it.
+		var lost []uuid.UUID
+		for _, t := range targets {
+			b.Queue(`UPDATE `+o.t+` SET state = 'pending', attempts = 0, available_at = now(), last_error = NULL, seq = DEFAULT
+				WHERE id = $1 AND state = 'dead'`, t.id).Exec(func(tag pgconn.CommandTag) error {
+				if tag.RowsAffected() != 1 {
+					lost = append(lost, t.id)
+				}
+				return nil
+			})
+		}
+		b.Queue(`SELECT pg_notify($1, '')`, o.channel)
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		if len(lost) > 0 {
+			// Retried by another operator meanwhile.
+			return notDead(lost, nil, func(t target) uuid.UUID { return t.id })
+		}
+		for _, t := range targets {
+			retried = append(retried, t.id)
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrNotDead) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("oncekit/outbox: retry dead events: %w", err)
+	}
+	if retried == nil {
+		retried = []uuid.UUID{}
+	}
+	return retried, nil
+}
+
+// notDead reports the IDs of want that found does not hold.
+func notDead[T any](want []uuid.UUID, found []T, id func(T) uuid.UUID) *NotDeadError {
+	have := map[uuid.UUID]bool{}
+	for _, f := range found {
+		have[id(f)] = true
+	}
+	e := &NotDeadError{}
+	for _, w := range want {
+		if !have[w] {
+			e.Count++
+			if len(e.IDs) < 20 {
+				e.IDs = append(e.IDs, w)
+			}
+		}
+	}
+	return e
+}
+
+// Purgeable counts the published events a purge with opts would delete now: those
+// published longer ago than the retention.
+func (o *Outbox) Purgeable(ctx context.Context, opts *PurgeOpts) (int64, error) {
+	c := config.Of(opts)
+	if c.PublishedRetention < 0 {
+		return 0, errors.New("oncekit/outbox: PurgeOpts values must not be negative")
+	}
+	before := time.Now().Add(-config.Or(c.PublishedRetention, PublishedRetentionDefault))
+	var n int64
+	if err := o.pool.QueryRow(ctx, `SELECT count(*) FROM `+o.t+` WHERE state = 'published' AND published_at < $1`, before).Scan(&n); err != nil {
+		return 0, fmt.Errorf("oncekit/outbox: count purgeable events: %w", err)
+	}
+	return n, nil
+}
