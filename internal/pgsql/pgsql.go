@@ -115,7 +115,9 @@ type Execer interface {
 // works across shards only with the tenant given), where ByKey picks the rows by
 // primary key instead, in an order the key completes, so that every node holding a
 // reference table picks the same rows: concurrent purgers may then pick the same rows,
-// and one waits for the other's delete.
+// and one waits for the other's delete. Citus picks the rows first and deletes them
+// after, so ByKey's delete checks the condition again: a row changed in between, such
+// as an expired record taken over by a new intent, is kept.
 type Purge struct {
 	Table, Local, ByKey string
 }
@@ -129,7 +131,7 @@ func PurgeSQL(table string, key []string, where, order string) Purge {
 		Local: `DELETE FROM ` + table + ` WHERE ctid = ANY (ARRAY (
 		SELECT ctid FROM ` + table + ` WHERE ` + where + ` ORDER BY ` + order + ` LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 		ByKey: `DELETE FROM ` + table + ` WHERE (` + k + `) IN (
-		SELECT ` + k + ` FROM ` + table + ` WHERE ` + where + ` ORDER BY ` + order + `, ` + k + ` LIMIT $1)`,
+		SELECT ` + k + ` FROM ` + table + ` WHERE ` + where + ` ORDER BY ` + order + `, ` + k + ` LIMIT $1) AND ` + where,
 	}
 }
 
