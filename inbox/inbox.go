@@ -385,11 +385,12 @@ func newQueries(schema string) queries {
 	t := pgx.Identifier{schema, "inbox_messages"}.Sanitize()
 	// $3 retention. An expired record is taken over: the message is new again. A live
 	// one leaves the INSERT without a row; a concurrent delivery's uncommitted record
-	// makes it wait for that transaction.
+	// makes it wait for that transaction. The conflict branch reads the time from the row
+	// it would have inserted, not from now(), which Citus refuses there.
 	insert := `INSERT INTO ` + t + ` AS r (subscriber, message_id, received_at, expires_at) VALUES ($1, $2, now(), now() + $3::interval)
 			ON CONFLICT (subscriber, message_id) DO UPDATE SET state = 'processed', error = NULL,
 				received_at = excluded.received_at, expires_at = excluded.expires_at
-			WHERE r.expires_at <= now()`
+			WHERE r.expires_at <= excluded.received_at`
 	return queries{
 		insert: insert,
 		// insert as a claim for a pipeline: it fails, dividing by zero, when the

@@ -330,13 +330,18 @@ func (o *Outbox) Retry(ctx context.Context, id uuid.UUID) (bool, error) {
 		if err != nil {
 			return err
 		}
-		b := &pgx.Batch{}
 		if key != nil {
-			b.Queue(keyLock, o.schema+"."+*key)
+			if _, err := tx.Exec(ctx, keyLock, o.schema+"."+*key); err != nil {
+				return err
+			}
 		}
-		// seq = DEFAULT: a new place in the outbox order, under the key's lock.
-		b.Queue(`UPDATE `+o.t+` SET state = 'pending', attempts = 0, available_at = now(), last_error = NULL, seq = DEFAULT
-			WHERE id = $1 AND state = 'dead'`, id).Exec(func(tag pgconn.CommandTag) error {
+		// A new place in the outbox order, taken under the key's lock.
+		seqs, err := o.newSeqs(ctx, tx, 1)
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.Queue(o.requeueSQL(), id, seqs[0]).Exec(func(tag pgconn.CommandTag) error {
 			retried = tag.RowsAffected() == 1
 			return nil
 		})
@@ -347,6 +352,23 @@ func (o *Outbox) Retry(ctx context.Context, id uuid.UUID) (bool, error) {
 		return false, fmt.Errorf("oncekit/outbox: retry %s: %w", id, err)
 	}
 	return retried, nil
+}
+
+// requeueSQL makes the dead event $1 pending again, at the place $2 in the outbox order.
+func (o *Outbox) requeueSQL() string {
+	return `UPDATE ` + o.t + ` SET state = 'pending', attempts = 0, available_at = now(), last_error = NULL, seq = $2
+		WHERE id = $1 AND state = 'dead'`
+}
+
+// newSeqs takes n new places in the outbox order, in ascending order. They are taken
+// by a statement of their own, not by the UPDATE that uses them (seq = DEFAULT), because
+// Citus refuses a volatile function such as nextval in an UPDATE of a table it holds.
+func (o *Outbox) newSeqs(ctx context.Context, tx pgx.Tx, n int) ([]int64, error) {
+	rows, err := tx.Query(ctx, `SELECT nextval(pg_get_serial_sequence($1, 'seq')) FROM generate_series(1, $2) ORDER BY 1`, o.t, n)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
 // Stats counts events by state.
