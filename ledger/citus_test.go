@@ -51,17 +51,18 @@ func TestCitus_GuardedCallStaysOnTheTenantsNode(t *testing.T) {
 		require.NoError(t, err)
 		_, err = b.pool.Exec(ctx, `CREATE TABLE accounts (tenant text NOT NULL, id bigint NOT NULL, item text NOT NULL, PRIMARY KEY (tenant, id))`)
 		require.NoError(t, err)
-		_, err = b.pool.Exec(ctx, `SELECT create_distributed_table('accounts', 'tenant')`)
+		_, err = b.pool.Exec(ctx, `SELECT create_distributed_table('accounts', 'tenant', colocate_with => $1)`,
+			pgx.Identifier{b.schema, "idempotency_records"}.Sanitize())
 		require.NoError(t, err)
 		var colocated bool
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'accounts'::regclass)
 			= (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'idempotency_records'::regclass)`).Scan(&colocated))
-		require.True(t, colocated, "the records and a business table distributed by a text tenant share Citus's default group")
+		require.True(t, colocated, "a business table distributed with colocate_with the records shares their group")
 
 		for _, tenant := range []string{"acme", "globex", "initech", "umbrella"} {
 			var node int
 			require.NoError(t, b.pool.QueryRow(ctx, `SELECT n.nodeid FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
-				WHERE p.shardid = get_shard_id_for_distribution_column('accounts', $1)`, tenant).Scan(&node))
+				WHERE p.shardid = get_shard_id_for_distribution_column('accounts', $1::text)`, tenant).Scan(&node))
 
 			inFn := make(chan int64, 1)
 			done := make(chan struct{})
@@ -90,7 +91,7 @@ func TestCitus_GuardedCallStaysOnTheTenantsNode(t *testing.T) {
 				t.Fatal("fn did not run")
 			}
 			var lockNodes []int
-			rows, err := b.pool.Query(ctx, `SELECT DISTINCT nodeid FROM citus_locks WHERE global_pid = $1 AND locktype = 'advisory' AND granted`, gpid)
+			rows, err := b.pool.Query(ctx, `SELECT DISTINCT nodeid FROM citus_locks WHERE global_pid = $1 AND locktype = 'advisory' AND objsubid = 1 AND granted`, gpid)
 			require.NoError(t, err)
 			lockNodes, err = pgx.CollectRows(rows, pgx.RowTo[int])
 			require.NoError(t, err)
