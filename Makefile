@@ -51,7 +51,7 @@ test-pg: ## Run the PostgreSQL packages on every other supported major (PG_VERSI
 	done; \
 	if [ -n "$$failed" ]; then echo "test-pg: failed on PostgreSQL$$failed"; exit 1; fi
 
-CITUS_PACKAGES ?= ./internal/pgsql ./ledger ./inbox ./outbox ./migrate
+CITUS_PACKAGES ?= ./internal/pgsql ./ledger ./inbox ./outbox ./migrate ./webhook ./idempotency
 test-citus: ## Run the ledger, inbox, outbox and migrate tests on a throwaway Citus cluster (a coordinator, 2 workers); builds Citus once from ONCEKIT_CITUS_TARBALL.
 	set -o pipefail; ONCEKIT_CITUS=1 $(GO) test -count=1 -v -run '^TestStartCitus$$' ./internal/pgtest | grep -Ev '^=== RUN'
 	ONCEKIT_CITUS=1 $(GO) test -race -count=1 -p 1 -timeout 30m $(CITUS_PACKAGES)

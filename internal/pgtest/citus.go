@@ -17,6 +17,8 @@ import (
 	"syscall"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekit/oncekit/internal/config"
 )
 
 // Citus is a throwaway Citus cluster: a coordinator and its workers, each a [Cluster]
@@ -145,7 +147,7 @@ func EnsureCitus(ctx context.Context, tarball string, progress io.Writer) error 
 	if err != nil {
 		return err
 	}
-	cache := filepath.Join(cacheDir(), "citus-"+sum[:16]+"-pg"+major)
+	cache := filepath.Join(config.CacheDir(), "citus-"+sum[:16]+"-pg"+major)
 	stage := filepath.Join(cache, "stage")
 	if err := os.MkdirAll(cache, 0o755); err != nil {
 		return err
@@ -346,21 +348,6 @@ func fileSHA256(path string) (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-// cacheDir is where built servers are kept: $ONCEKIT_CACHE, else
-// $XDG_CACHE_HOME/oncekit, else ~/.cache/oncekit (as the Temporal CLI's cache).
-func cacheDir() string {
-	if d := os.Getenv("ONCEKIT_CACHE"); d != "" {
-		return d
-	}
-	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
-		return filepath.Join(d, "oncekit")
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(home, ".cache", "oncekit")
-	}
-	return filepath.Join(os.TempDir(), "oncekit-cache")
 }
 
 // tailWriter keeps the last 4 KiB written to it: a failed build's last words.
