@@ -7,7 +7,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: help demo soak test test-pg stress bench bench-scale bench-check lint fmt fuzz temporal-cli oncekit
+.PHONY: help demo soak test test-pg test-citus stress bench bench-scale bench-check lint fmt fuzz temporal-cli oncekit
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -50,6 +50,11 @@ test-pg: ## Run the PostgreSQL packages on every other supported major (PG_VERSI
 		else echo "test-pg: PostgreSQL $$v failed in $$((SECONDS - start))s"; failed="$$failed $$v"; fi; \
 	done; \
 	if [ -n "$$failed" ]; then echo "test-pg: failed on PostgreSQL$$failed"; exit 1; fi
+
+CITUS_PACKAGES ?= ./internal/pgsql ./ledger ./inbox ./outbox ./migrate ./webhook ./idempotency
+test-citus: ## Run the ledger, inbox, outbox and migrate tests on a throwaway Citus cluster (a coordinator, 2 workers); builds Citus once from ONCEKIT_CITUS_TARBALL.
+	set -o pipefail; ONCEKIT_CITUS=1 $(GO) test -count=1 -v -run '^TestStartCitus$$' ./internal/pgtest | grep -Ev '^=== RUN'
+	ONCEKIT_CITUS=1 $(GO) test -race -count=1 -p 1 -timeout 30m $(CITUS_PACKAGES)
 
 STRESS ?= 5m
 stress: ## Run the seeded history checkers of the ledger and the outbox for STRESS each (5m); ONCEKIT_SEED=N replays a seed.

@@ -48,6 +48,11 @@ type Config struct {
 	// Keep leaves the throwaway PostgreSQL cluster's directory in place at Close, so its
 	// data can be looked at afterwards ([Env.KeptAt] says how). Defaults to false.
 	Keep bool
+	// Citus starts a throwaway Citus cluster, a coordinator and two workers, in place of
+	// the single PostgreSQL; DatabaseURL names the coordinator. Citus is built once from
+	// the source tarball that ONCEKIT_CITUS_TARBALL names (see docs/citus.md) and cached
+	// in ~/.cache/oncekit. Keep does not apply to it. Defaults to false.
+	Citus bool
 }
 
 // Env is a PostgreSQL server and a Temporal server.
@@ -61,7 +66,8 @@ type Env struct {
 	// UIAddress is the web UI's address when Config.UIPort asked for one.
 	UIAddress string
 
-	cluster *pgtest.Cluster
+	cluster *pgtest.Cluster // the coordinator with Config.Citus
+	citus   *pgtest.Citus
 	dev     *devserver.Server
 	keep    bool
 	state   string
@@ -75,7 +81,7 @@ func Start(ctx context.Context, cfg *Config) (*Env, error) {
 	}
 	e := &Env{keep: c.Keep}
 	if !c.NoPostgres {
-		if err := e.startPostgres(ctx, c.Durable); err != nil {
+		if err := e.startPostgres(ctx, c.Durable, c.Citus); err != nil {
 			return nil, err
 		}
 	}
@@ -98,9 +104,18 @@ func Start(ctx context.Context, cfg *Config) (*Env, error) {
 	return e, nil
 }
 
-func (e *Env) startPostgres(ctx context.Context, durable bool) error {
+func (e *Env) startPostgres(ctx context.Context, durable, citus bool) error {
 	if url := os.Getenv("DATABASE_URL"); url != "" {
 		e.DatabaseURL = url
+		return nil
+	}
+	if citus {
+		c, err := pgtest.StartCitus(ctx, &pgtest.CitusOpts{Durable: durable})
+		if err != nil {
+			return err
+		}
+		e.citus, e.cluster, e.DatabaseURL = c, c.Coordinator, c.ConnString()
+		e.keep = false
 		return nil
 	}
 	cluster, err := pgtest.StartCluster(ctx, &pgtest.ClusterOpts{Durable: durable})
@@ -118,6 +133,10 @@ func (e *Env) Close() error {
 	if e.dev != nil {
 		errs = append(errs, e.dev.Stop())
 		e.dev = nil
+	}
+	if e.citus != nil {
+		errs = append(errs, e.citus.Close())
+		e.citus, e.cluster = nil, nil
 	}
 	if e.cluster != nil {
 		if e.keep {
@@ -156,6 +175,28 @@ func (e *Env) CrashPostgres(ctx context.Context, down time.Duration) error {
 		return ErrNotOwned
 	}
 	return e.cluster.Crash(context.WithoutCancel(ctx), down)
+}
+
+// CitusWorkers is how many Citus workers Start started: 0 without Config.Citus.
+func (e *Env) CitusWorkers() int {
+	if e.citus == nil {
+		return 0
+	}
+	return len(e.citus.Workers)
+}
+
+// CrashCitusWorker stops the Citus worker i (from 0) as a crash would, keeps it down for
+// down, and starts it again, even when ctx ends meanwhile. Transactions that wrote to
+// its shards fail while it is down; prepared ones it held are finished by the
+// coordinator's recovery once it is back. [Env.CrashPostgres] crashes the coordinator.
+func (e *Env) CrashCitusWorker(ctx context.Context, i int, down time.Duration) error {
+	if e.citus == nil {
+		return ErrNotOwned
+	}
+	if i < 0 || i >= len(e.citus.Workers) {
+		return fmt.Errorf("oncekit/devenv: no Citus worker %d: there are %d", i, len(e.citus.Workers))
+	}
+	return e.citus.Workers[i].Crash(context.WithoutCancel(ctx), down)
 }
 
 // KillBackend terminates one client connection other than its own, chosen by pick from

@@ -377,18 +377,20 @@ func (ib *Inbox) duplicate(ctx context.Context, q pipetx.Sender, subscriber, mes
 // queries holds the inbox's SQL with the schema filled in; each takes $1 subscriber
 // and $2 message ID.
 type queries struct {
-	insert, claim, lookup, reject, purge string
+	insert, claim, lookup, reject string
+	purge                         pgsql.Purge
 }
 
 func newQueries(schema string) queries {
 	t := pgx.Identifier{schema, "inbox_messages"}.Sanitize()
 	// $3 retention. An expired record is taken over: the message is new again. A live
 	// one leaves the INSERT without a row; a concurrent delivery's uncommitted record
-	// makes it wait for that transaction.
+	// makes it wait for that transaction. The conflict branch reads the time from the row
+	// it would have inserted, not from now(), which Citus refuses there.
 	insert := `INSERT INTO ` + t + ` AS r (subscriber, message_id, received_at, expires_at) VALUES ($1, $2, now(), now() + $3::interval)
 			ON CONFLICT (subscriber, message_id) DO UPDATE SET state = 'processed', error = NULL,
 				received_at = excluded.received_at, expires_at = excluded.expires_at
-			WHERE r.expires_at <= now()`
+			WHERE r.expires_at <= excluded.received_at`
 	return queries{
 		insert: insert,
 		// insert as a claim for a pipeline: it fails, dividing by zero, when the
@@ -399,7 +401,7 @@ func newQueries(schema string) queries {
 		// $3 the rejection.
 		reject: `UPDATE ` + t + ` SET state = 'rejected', error = $3 WHERE subscriber = $1 AND message_id = $2`,
 		// $1 batch size.
-		purge: pgsql.PurgeSQL(t, "expires_at <= now()", "expires_at"),
+		purge: pgsql.PurgeSQL(t, []string{"subscriber", "message_id"}, "expires_at <= now()", "expires_at"),
 	}
 }
 
@@ -431,7 +433,7 @@ func (ib *Inbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error
 	}
 	var res PurgeResult
 	var err error
-	res.Deleted, res.Batches, err = pgsql.Purge(ctx, ib.pool, ib.q.purge, config.Or(o.BatchSize, PurgeBatchDefault), o.MaxBatches, o.Pause)
+	res.Deleted, res.Batches, err = ib.q.purge.Run(ctx, ib.pool, config.Or(o.BatchSize, PurgeBatchDefault), o.MaxBatches, o.Pause)
 	ib.tel.purge(ctx, res.Deleted)
 	if err != nil {
 		return res, fmt.Errorf("oncekit/inbox: purge: %w", err)

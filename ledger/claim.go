@@ -186,9 +186,10 @@ func (l *Ledger) claimInTx(ctx context.Context, tx pgx.Tx, wait time.Duration, a
 	}
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT oncekit_claim")
-	b.Queue(keepLockTimeout, lockTimeout(wait))
+	// args begin with the key's tenant, operation and key.
+	b.Queue(l.q.keepLockTimeout, lockTimeout(wait), args[0], args[1], args[2])
 	b.Queue(l.q.claim, args...)
-	b.Queue(restoreLockTimeout)
+	b.Queue(l.q.restoreLockTimeout, args[0], args[1], args[2])
 	b.Queue("RELEASE SAVEPOINT oncekit_claim")
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(wait, 0)+holdGrace)
 	defer cancel()
@@ -224,13 +225,6 @@ func (l *Ledger) claimInTx(ctx context.Context, tx pgx.Tx, wait time.Duration, a
 	}
 	return err
 }
-
-// keepLockTimeout keeps the transaction's lock_timeout aside and sets another;
-// restoreLockTimeout puts it back.
-const (
-	keepLockTimeout    = "SELECT set_config('oncekit.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', $1, true)"
-	restoreLockTimeout = "SELECT set_config('lock_timeout', current_setting('oncekit.lock_timeout'), true)"
-)
 
 // resume returns the lease of a pending record that token owns and whose lease is live.
 func (l *Ledger) resume(ctx context.Context, q querier, in Intent, token uuid.UUID) (ClaimResult, bool, error) {

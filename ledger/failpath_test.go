@@ -186,7 +186,7 @@ func TestDoTx_SnapshotIsolation(t *testing.T) {
 			tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
 			require.NoError(t, err)
 			defer tx.Rollback(ctx)
-			_, err = tx.Exec(ctx, "SELECT count(*) FROM orders") // takes the snapshot
+			_, err = tx.Exec(ctx, snapshotSQL()) // takes the snapshot
 			require.NoError(t, err)
 
 			first, err := l.Do(ctx, in, createOrder("acme", req), nil)
@@ -362,7 +362,8 @@ func TestDo_CreatedAtIsTheRecordedTime(t *testing.T) {
 
 // Without a test clock, a first execution records the time its process read when fn
 // returned, which it and every replay report, and its record expires a retention after
-// that time (the database's clock at the transaction's start is earlier here).
+// that time (the database's clock at the transaction's start is earlier here); the
+// record's UpdatedAt is the database's clock when it was written.
 func TestDo_RecordTimesWithoutTestClock(t *testing.T) {
 	t.Parallel()
 	_, b := setup(t, nil)
@@ -372,10 +373,13 @@ func TestDo_RecordTimesWithoutTestClock(t *testing.T) {
 	req := order{Item: "cap", Amount: 1}
 	for _, mode := range modes {
 		in := intent(t, "acme", "order-cap-"+mode.String(), req)
+		var dbBefore, dbAfter time.Time
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT now()`).Scan(&dbBefore))
 		before := time.Now().Truncate(time.Microsecond)
 		res, err := l.Do(ctx, in, createOrder("acme", req), &ledger.DoOpts{Mode: mode})
 		require.NoError(t, err)
 		after := time.Now()
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT now()`).Scan(&dbAfter))
 		require.False(t, res.CreatedAt.Before(before) || res.CreatedAt.After(after), "CreatedAt %s outside [%s, %s]", res.CreatedAt, before, after)
 		require.Zero(t, res.CreatedAt.Nanosecond()%1000, "CreatedAt %s is finer than PostgreSQL keeps", res.CreatedAt)
 
@@ -385,7 +389,8 @@ func TestDo_RecordTimesWithoutTestClock(t *testing.T) {
 		require.True(t, replay.CreatedAt.Equal(res.CreatedAt), "first %s, replay %s", res.CreatedAt, replay.CreatedAt)
 		rec, err := l.Get(ctx, in.Scope, in.Key)
 		require.NoError(t, err)
-		require.True(t, rec.CreatedAt.Equal(res.CreatedAt) && rec.UpdatedAt.Equal(res.CreatedAt), "record %s/%s, first %s", rec.CreatedAt, rec.UpdatedAt, res.CreatedAt)
+		require.True(t, rec.CreatedAt.Equal(res.CreatedAt), "record %s, first %s", rec.CreatedAt, res.CreatedAt)
+		require.False(t, rec.UpdatedAt.Before(dbBefore) || rec.UpdatedAt.After(dbAfter), "UpdatedAt %s outside the database's [%s, %s]", rec.UpdatedAt, dbBefore, dbAfter)
 
 		var left float64
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT extract(epoch FROM expires_at - now()) FROM idempotency_records WHERE key = $1`, string(in.Key)).Scan(&left))

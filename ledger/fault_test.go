@@ -17,7 +17,7 @@ import (
 func terminate(ctx context.Context, t *testing.T, b *testBundle, tx pgx.Tx) {
 	t.Helper()
 	var ok bool
-	require.NoError(t, b.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", tx.Conn().PgConn().PID()).Scan(&ok))
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1::int)", tx.Conn().PgConn().PID()).Scan(&ok))
 	require.True(t, ok)
 }
 

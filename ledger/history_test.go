@@ -217,7 +217,7 @@ func (e *histEnv) killBackends(stop chan struct{}) {
 		if err != nil {
 			continue
 		}
-		if _, err := e.pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", pid); err == nil {
+		if _, err := e.pool.Exec(context.Background(), "SELECT pg_terminate_backend($1::int)", pid); err == nil {
 			e.log.Add(history.Event{Client: -1, Kind: "fault", Op: "terminate", Detail: "backend " + strconv.Itoa(int(pid))})
 		}
 	}

@@ -173,33 +173,25 @@ func (o *ownTx) abort(ctx context.Context, p *pipetx.Tx) error {
 func (o *ownTx) hold(ctx context.Context, in Intent, mode Mode, now *time.Time, d time.Duration) (*pipetx.Resume, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	old, err := holdLock(ctx, o.conn, b, o.l.lockKey(in), d)
+	tx, err := o.l.holdLock(ctx, o.conn, b, in, d)
 	if err != nil {
 		if aerr := o.abort(context.WithoutCancel(ctx), nil); aerr != nil {
 			return nil, errors.Join(err, aerr)
 		}
 		return nil, err
 	}
-	return &pipetx.Resume{Tx: old.tx, ClaimAt: 1,
-		Prefix: []*pgx.QueuedQuery{pipetx.Queued(setLockTimeout, old.timeout), o.claim(in, mode, now), pipetx.Queued(savepointFn)}}, nil
+	return &pipetx.Resume{Tx: tx, ClaimAt: 0,
+		Prefix: []*pgx.QueuedQuery{o.claim(in, mode, now), pipetx.Queued(savepointFn)}}, nil
 }
 
-// held is what holdLock leaves: the transaction that holds the lock, if the batch began
-// one, and the lock_timeout to restore in it.
-type held struct {
-	tx      pgx.Tx
-	timeout string
-}
-
-// holdLock sends b, which opens a transaction or a savepoint, with the statements that
-// wait for the key's lock for at most d and keep it. The wait is bounded on the server
-// by lock_timeout (d is never past the context's deadline), so a deadline ends it with
-// an error PostgreSQL answers, not with the connection closed under it; a context
+// holdLock sends b, which opens a transaction or a savepoint, with the statement that
+// waits for the key's lock for at most d and keeps it (wait_lock), and returns the
+// transaction that holds the lock, if b began one. The wait is bounded on the server by
+// lock_timeout (d is never past the context's deadline), so a deadline ends it with an
+// error PostgreSQL answers, not with the connection closed under it; a context
 // cancelled without a deadline still interrupts it as pgx interrupts any statement.
-func holdLock(ctx context.Context, via pipetx.Sender, b *pgx.Batch, lock int64, d time.Duration) (held, error) {
-	b.Queue(showLockTimeout)
-	b.Queue(setLockTimeout, lockTimeout(d))
-	b.Queue(waitLock, lock)
+func (l *Ledger) holdLock(ctx context.Context, via pipetx.Sender, b *pgx.Batch, in Intent, d time.Duration) (pgx.Tx, error) {
+	b.Queue(l.q.waitLock, l.lockKey(in), lockTimeout(d), in.Scope.Tenant, in.Scope.Operation, string(in.Key))
 	wctx := context.WithoutCancel(ctx)
 	wctx, cancel := context.WithTimeout(wctx, d+holdGrace)
 	defer cancel()
@@ -210,22 +202,14 @@ func holdLock(ctx context.Context, via pipetx.Sender, b *pgx.Batch, lock int64, 
 	})
 	defer stop()
 	br := via.SendBatch(wctx, b)
-	var h held
 	_, err := br.Exec() // BEGIN or SAVEPOINT
-	if err == nil {
-		err = br.QueryRow().Scan(&h.timeout)
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
 	if err == nil {
 		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	h.tx = br.Tx()
-	return h, err
+	return br.Tx(), err
 }
 
 // holdGrace is how long past its lock_timeout a wait for a key's lock may go unanswered
@@ -285,7 +269,7 @@ func (c *callerTx) abort(ctx context.Context, p *pipetx.Tx) error {
 func (c *callerTx) hold(ctx context.Context, in Intent, _ Mode, now *time.Time, d time.Duration) (*pipetx.Resume, error) {
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT oncekit_claim")
-	old, err := holdLock(ctx, c.outer, b, c.l.lockKey(in), d)
+	_, err := c.l.holdLock(ctx, c.outer, b, in, d)
 	if err != nil {
 		// Rolling back to the savepoint releases the lock and restores lock_timeout.
 		if !c.outer.Conn().IsClosed() {
@@ -295,8 +279,7 @@ func (c *callerTx) hold(ctx context.Context, in Intent, _ Mode, now *time.Time, 
 		}
 		return nil, err
 	}
-	return &pipetx.Resume{ClaimAt: 1,
-		Prefix: append([]*pgx.QueuedQuery{pipetx.Queued(setLockTimeout, old.timeout)}, c.claim(in, now)...)}, nil
+	return &pipetx.Resume{ClaimAt: 0, Prefix: c.claim(in, now)}, nil
 }
 
 // commitFailure undoes fn's writes, stores the failure and makes it final. It works
@@ -344,10 +327,7 @@ func undoFn(ctx context.Context, p *pipetx.Tx) error {
 }
 
 const (
-	savepointFn     = "SAVEPOINT oncekit_fn"
-	showLockTimeout = "SELECT current_setting('lock_timeout')"
-	setLockTimeout  = "SELECT set_config('lock_timeout', $1, true)"
-	waitLock        = "SELECT pg_advisory_xact_lock($1)"
+	savepointFn = "SAVEPOINT oncekit_fn"
 	// maxLockTimeout is the longest lock_timeout PostgreSQL accepts (2^31-1 ms).
 	maxLockTimeout = time.Duration(1<<31-1) * time.Millisecond
 )

@@ -138,3 +138,14 @@ func eachMode(t *testing.T, test func(t *testing.T, mode ledger.Mode)) {
 func callsFnForTakenKey(m ledger.Mode) bool {
 	return m == ledger.ModeClaimWithFirstStatement || m == ledger.ModeOptimistic
 }
+
+// snapshotSQL takes a REPEATABLE READ or SERIALIZABLE transaction's snapshot where the
+// records of the tenant acme live: on a single PostgreSQL any statement does; on Citus
+// each node takes its snapshot at the transaction's first statement there, so the
+// statement must reach the node holding acme's records.
+func snapshotSQL() string {
+	if pgtest.IsCitus() {
+		return "SELECT count(*) FROM idempotency_records WHERE tenant = 'acme'"
+	}
+	return "SELECT count(*) FROM orders"
+}

@@ -30,12 +30,14 @@ type MigrateResult struct {
 // a transaction-scoped advisory lock serialises them, and each migration is recorded in
 // the schema's oncekit_migrations table under the line "ledger". schema defaults to
 // [SchemaDefault] when empty. The webhook, inbox and outbox tables have lines of their
-// own: migrate.Up applies them all in one call.
+// own: migrate.Up applies them all in one call. On a database with the citus extension
+// it then distributes the records by tenant, as migrate.Up does.
 func Migrate(ctx context.Context, db Beginner, schema string) (MigrateResult, error) {
 	if schema == "" {
 		schema = SchemaDefault
 	}
-	files, err := migrate.Up(ctx, db, schema, migrate.Line{Name: MigrationLine, Files: Migrations()})
+	files, err := migrate.Up(ctx, db, schema, migrate.Line{Name: MigrationLine, Files: Migrations(),
+		Tables: []migrate.Table{{Name: "idempotency_records", Column: "tenant"}}})
 	var res MigrateResult
 	for _, f := range files {
 		res.Applied = append(res.Applied, f.Version)

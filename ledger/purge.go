@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/oncekit/oncekit/internal/pgsql"
 )
 
 // PurgeBatchDefault is how many records one purge statement deletes at most.
@@ -61,7 +59,7 @@ func (l *Ledger) purge(ctx context.Context, q querier, opts *PurgeOpts) (PurgeRe
 	}
 	var res PurgeResult
 	var err error
-	res.Deleted, res.Batches, err = pgsql.Purge(ctx, q, l.q.purge, o.BatchSize, o.MaxBatches, o.Pause, l.now())
+	res.Deleted, res.Batches, err = l.q.purge.Run(ctx, q, o.BatchSize, o.MaxBatches, o.Pause, l.now())
 	if l.tel.metrics {
 		l.tel.purged.Add(ctx, res.Deleted)
 	}

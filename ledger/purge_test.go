@@ -131,3 +131,54 @@ func TestPurge_Pause(t *testing.T) {
 		require.Contains(t, err.Error(), "negative")
 	})
 }
+
+// A purge keeps a record that a new intent took over while the purge was deciding what
+// to delete: the expired record it picked is live again when its delete reaches it. On
+// Citus the purge picks its batch by key and deletes it in a second step, where another
+// transaction's update of a picked record makes the delete wait; the record must be
+// checked again then.
+func TestPurge_SparesRecordTakenOverMeanwhile(t *testing.T) {
+	t.Parallel()
+	l, b := setup(t, &ledger.Config{Retention: time.Minute})
+	ctx := context.Background()
+	in := intent(t, "acme", "taken-over", 1)
+	noop := func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) { return ledger.Response{Code: 200}, nil }
+	_, err := l.Do(ctx, in, noop, nil)
+	require.NoError(t, err)
+	b.clock.Advance(2 * time.Minute) // expired by the ledger's clock
+
+	// A transaction makes the record live again and keeps it locked while a purge runs.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	tag, err := tx.Exec(ctx, `UPDATE idempotency_records SET expires_at = $1 WHERE tenant = 'acme' AND key = $2`,
+		b.clock.Now().Add(time.Hour), string(in.Key))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), tag.RowsAffected())
+
+	done := make(chan error, 1)
+	var res ledger.PurgeResult
+	go func() {
+		var err error
+		res, err = l.Purge(ctx, nil)
+		done <- err
+	}()
+	if pgtest.IsCitus() {
+		// The delete by key waits for the update.
+		require.Eventually(t, func() bool {
+			var waiting int
+			err := b.pool.QueryRow(ctx, `SELECT count(*) FROM citus_locks WHERE locktype = 'transactionid' AND NOT granted`).Scan(&waiting)
+			return err == nil && waiting > 0
+		}, 30*time.Second, 5*time.Millisecond, "the purge waits for the update")
+	} else {
+		// The purge skips the locked record.
+		require.NoError(t, <-done)
+		done <- nil
+	}
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-done)
+	require.Equal(t, int64(0), res.Deleted)
+	rec, err := l.Get(ctx, in.Scope, in.Key)
+	require.NoError(t, err)
+	require.NotNil(t, rec, "the live record is kept")
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/keys"
 )
 
@@ -32,6 +33,11 @@ type queries struct {
 	claimLocal string
 	claimCheck string
 	claimProbe string
+	// A refused claim waits for the key's lock with waitLock, on the node the claim
+	// takes it on.
+	waitLock string
+	// ClaimTx bounds its claim's wait with lock_timeout, on the node the claim runs on.
+	keepLockTimeout, restoreLockTimeout string
 	// The local mode inserts its record, with the result, just before it commits,
 	// replacing an expired record of the key.
 	insertCompleted string
@@ -43,7 +49,7 @@ type queries struct {
 	release   string
 	uncertain string
 	extend    string
-	purge     string
+	purge     pgsql.Purge
 	// Operators read and change records whatever their owner; their changes keep audit
 	// rows. pending counts pending records for the gauge.
 	list, stats, forceRelease, evict string
@@ -69,27 +75,30 @@ func newQueries(schema string) queries {
 		return strings.NewReplacer("{{records}}", t, "{{audit}}", audit).Replace(string(b))
 	}
 	return queries{
-		lookup:          load("lookup"),
-		claimLocal:      load("claim_local"),
-		claimCheck:      load("claim_check"),
-		claimProbe:      load("claim_probe"),
-		insertCompleted: load("insert_completed"),
-		insertFailed:    load("insert_failed"),
-		claim:           load("claim"),
-		complete:        load("complete"),
-		fail:            load("fail"),
-		release:         load("release"),
-		uncertain:       load("uncertain"),
-		extend:          load("extend"),
-		purge:           load("purge"),
-		list:            load("list"),
-		stats:           load("stats"),
-		forceRelease:    load("force_release"),
-		evict:           load("evict"),
-		changeLock:      load("change_lock"),
-		changeDelete:    load("change_delete"),
-		audit:           load("audit"),
-		pending:         load("pending"),
+		lookup:             load("lookup"),
+		claimLocal:         load("claim_local"),
+		claimCheck:         load("claim_check"),
+		claimProbe:         load("claim_probe"),
+		waitLock:           load("wait_lock"),
+		keepLockTimeout:    load("keep_lock_timeout"),
+		restoreLockTimeout: load("restore_lock_timeout"),
+		insertCompleted:    load("insert_completed"),
+		insertFailed:       load("insert_failed"),
+		claim:              load("claim"),
+		complete:           load("complete"),
+		fail:               load("fail"),
+		release:            load("release"),
+		uncertain:          load("uncertain"),
+		extend:             load("extend"),
+		purge:              pgsql.Purge{Table: t, Local: load("purge"), ByKey: load("purge_by_key")},
+		list:               load("list"),
+		stats:              load("stats"),
+		forceRelease:       load("force_release"),
+		evict:              load("evict"),
+		changeLock:         load("change_lock"),
+		changeDelete:       load("change_delete"),
+		audit:              load("audit"),
+		pending:            load("pending"),
 	}
 }
 

@@ -63,11 +63,12 @@ type Record struct {
 	// Uncertain is set when an attempt reported that its external call may have happened.
 	Uncertain bool
 	Attempts  int
-	// CreatedAt and UpdatedAt say when, as Result.CreatedAt does: a record written by Do
-	// or DoTx holds the clock of the process that wrote it. Such a record expires its
-	// retention after that time, or after its transaction began by the database's clock
-	// if that is later, so a process whose clock is behind cannot make it expire early.
-	// LeaseUntil is reckoned by the database's clock (or Config.Test.NowFunc).
+	// CreatedAt says when, as Result.CreatedAt does: a record written by Do or DoTx
+	// holds the clock of the process that wrote it. Such a record expires its retention
+	// after that time, or after its transaction began by the database's clock if that is
+	// later, so a process whose clock is behind cannot make it expire early. UpdatedAt
+	// is when the record was last written, and LeaseUntil when its lease ends, both by
+	// the database's clock (or Config.Test.NowFunc).
 	CreatedAt time.Time
 	UpdatedAt time.Time
 	ExpiresAt time.Time

@@ -32,10 +32,11 @@ type Result struct {
 
 func lines() []migrate.Line {
 	return []migrate.Line{
-		{Name: ledger.MigrationLine, Files: ledger.Migrations()},
-		{Name: webhook.MigrationLine, Files: webhook.Migrations()},
-		{Name: inbox.MigrationLine, Files: inbox.Migrations()},
-		{Name: outbox.MigrationLine, Files: outbox.Migrations()},
+		{Name: ledger.MigrationLine, Files: ledger.Migrations(), Tables: []migrate.Table{{Name: "idempotency_records", Column: "tenant"}}},
+		{Name: webhook.MigrationLine, Files: webhook.Migrations(), Tables: []migrate.Table{{Name: "entity_versions", Column: "tenant"}}},
+		// The inbox's and the outbox's rows name no tenant: they stay on the coordinator.
+		{Name: inbox.MigrationLine, Files: inbox.Migrations(), Tables: []migrate.Table{{Name: "inbox_messages"}}},
+		{Name: outbox.MigrationLine, Files: outbox.Migrations(), Tables: []migrate.Table{{Name: "outbox_events"}}},
 	}
 }
 
@@ -43,6 +44,12 @@ func lines() []migrate.Line {
 // migrations not yet applied, each in its own transaction. It is safe to call from many
 // processes at once: a transaction-scoped advisory lock serialises them. db is a
 // *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+//
+// On a database with the citus extension (connect to the coordinator), Up then hands
+// the tables to Citus as [Distribute] does without ColocateWith: the ledger's records
+// and the webhook receiver's entity versions distributed by their tenant column, in
+// Citus's default colocation group for text columns; the inbox's and the outbox's
+// tables, whose rows name no tenant, as Citus local tables on the coordinator.
 func Up(ctx context.Context, db interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }, schema string) (Result, error) {
@@ -66,6 +73,55 @@ func Versions(ctx context.Context, q interface {
 		schema = ledger.SchemaDefault
 	}
 	return migrate.Versions(ctx, q, schema)
+}
+
+// DistributeOpts are options of [Distribute]. A nil *DistributeOpts means all
+// defaults.
+type DistributeOpts struct {
+	// ColocateWith names a distributed table of the user's (schema-qualified, as
+	// regclass reads it, such as "public.orders"), distributed by a text column that
+	// holds the tenant: the ledger's records and the webhook receiver's entity versions
+	// join its colocation group, so that a guarded business transaction on one tenant
+	// touches one shard. Defaults to "": Citus's default group for text columns, which a
+	// table distributed by a text column with the default shard count joins too.
+	ColocateWith string
+}
+
+// DistributeResult reports what [Distribute] did.
+type DistributeResult struct {
+	// Placed lists the tables (schema-qualified) that this call distributed, added to
+	// Citus's metadata as local tables, or moved to ColocateWith's group; empty when
+	// Citus held them all already as asked.
+	Placed []string
+}
+
+// ErrNotCitus is returned by [Distribute] on a database without the citus extension.
+var ErrNotCitus = migrate.ErrNotCitus
+
+// Distribute hands oncekit's tables in schema (default ledger.SchemaDefault) to Citus:
+// the ledger's records and the webhook receiver's entity versions are distributed by
+// their tenant column and colocated as opts.ColocateWith says; the inbox's and the
+// outbox's tables, whose rows name no tenant, become Citus local tables: they stay on
+// the coordinator, which must be in Citus's metadata (citus_set_coordinator_host), and a
+// message recorded or an event enqueued commits atomically with the tenant's business
+// write on a worker, with two-phase commit. Dispatchers claim events there with FOR
+// UPDATE SKIP LOCKED as on a single PostgreSQL.
+// A table already distributed stays so; with ColocateWith it moves to that table's
+// group when it is in another one. Run [Up] first; Up already distributes with the
+// default colocation, so call Distribute to colocate with a table of your own. It
+// returns [ErrNotCitus] on a database without the citus extension.
+func Distribute(ctx context.Context, db interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}, schema string, opts *DistributeOpts) (DistributeResult, error) {
+	if schema == "" {
+		schema = ledger.SchemaDefault
+	}
+	o := DistributeOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	placed, err := migrate.Place(ctx, db, schema, o.ColocateWith, lines()...)
+	return DistributeResult{Placed: placed}, err
 }
 
 // Script returns every line as one plain SQL script for psql or another migration

@@ -238,8 +238,10 @@ func newDispatchQueries(t string, ordered bool) dispatchQueries {
 		published: `UPDATE ` + t + ` SET state = 'published', published_at = now(), attempts = attempts + 1, locked_until = NULL, locked_by = NULL
 			WHERE id = ANY($1) AND locked_by = $2`,
 		// $1 id, $2 owner token, $3 attempts, $4 error, $5 what is left of the backoff
-		// counted from the failure.
-		retry: `UPDATE ` + t + ` SET attempts = $3, last_error = $4, available_at = clock_timestamp() + $5::interval, locked_until = NULL, locked_by = NULL
+		// counted from the failure, measured when the statement was sent: from the start
+		// of this statement, not of its transaction (statement_timestamp, not now;
+		// clock_timestamp is volatile, which Citus refuses in an UPDATE).
+		retry: `UPDATE ` + t + ` SET attempts = $3, last_error = $4, available_at = statement_timestamp() + $5::interval, locked_until = NULL, locked_by = NULL
 			WHERE id = $1 AND locked_by = $2`,
 		// $1 id, $2 owner token, $3 attempts, $4 error.
 		dead: `UPDATE ` + t + ` SET state = 'dead', attempts = $3, last_error = $4, locked_until = NULL, locked_by = NULL

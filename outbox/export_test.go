@@ -4,4 +4,4 @@ package outbox
 func BacklogSQL(o *Outbox) string { return o.backlogSQL() }
 
 // PurgeSQL is the statement each batch of a purge runs.
-func PurgeSQL(o *Outbox) string { return o.purgeSQL() }
+func PurgeSQL(o *Outbox) string { return o.purgeSQL().Local }

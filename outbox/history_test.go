@@ -713,7 +713,7 @@ func (h *hist) terminate(ctx context.Context, r *rand.Rand, pattern, what string
 	}
 	b := backends[r.IntN(len(backends))]
 	h.record(history.Event{Kind: "fault", Op: "terminate", Key: "-", Detail: b.app})
-	if _, err := h.rec.Exec(ctx, `SELECT pg_terminate_backend($1)`, b.pid); err == nil {
+	if _, err := h.rec.Exec(ctx, `SELECT pg_terminate_backend($1::int)`, b.pid); err == nil {
 		h.count(what)
 	}
 }

@@ -228,12 +228,21 @@ func (o *Outbox) RetryDead(ctx context.Context, opts *RetryDeadOpts) ([]uuid.UUI
 		for _, k := range orderingKeys {
 			b.Queue(keyLock, o.schema+"."+k)
 		}
-		// One statement per event, in their order, so each takes its new place after the
-		// one before it.
+		if b.Len() > 0 {
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+		}
+		// New places in the outbox order, taken under the keys' locks, in the events'
+		// order.
+		seqs, err := o.newSeqs(ctx, tx, len(targets))
+		if err != nil {
+			return err
+		}
+		b = &pgx.Batch{}
 		var lost []uuid.UUID
-		for _, t := range targets {
-			b.Queue(`UPDATE `+o.t+` SET state = 'pending', attempts = 0, available_at = now(), last_error = NULL, seq = DEFAULT
-				WHERE id = $1 AND state = 'dead'`, t.id).Exec(func(tag pgconn.CommandTag) error {
+		for i, t := range targets {
+			b.Queue(o.requeueSQL(), t.id, seqs[i]).Exec(func(tag pgconn.CommandTag) error {
 				if tag.RowsAffected() != 1 {
 					lost = append(lost, t.id)
 				}

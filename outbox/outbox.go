@@ -330,13 +330,18 @@ func (o *Outbox) Retry(ctx context.Context, id uuid.UUID) (bool, error) {
 		if err != nil {
 			return err
 		}
-		b := &pgx.Batch{}
 		if key != nil {
-			b.Queue(keyLock, o.schema+"."+*key)
+			if _, err := tx.Exec(ctx, keyLock, o.schema+"."+*key); err != nil {
+				return err
+			}
 		}
-		// seq = DEFAULT: a new place in the outbox order, under the key's lock.
-		b.Queue(`UPDATE `+o.t+` SET state = 'pending', attempts = 0, available_at = now(), last_error = NULL, seq = DEFAULT
-			WHERE id = $1 AND state = 'dead'`, id).Exec(func(tag pgconn.CommandTag) error {
+		// A new place in the outbox order, taken under the key's lock.
+		seqs, err := o.newSeqs(ctx, tx, 1)
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.Queue(o.requeueSQL(), id, seqs[0]).Exec(func(tag pgconn.CommandTag) error {
 			retried = tag.RowsAffected() == 1
 			return nil
 		})
@@ -347,6 +352,23 @@ func (o *Outbox) Retry(ctx context.Context, id uuid.UUID) (bool, error) {
 		return false, fmt.Errorf("oncekit/outbox: retry %s: %w", id, err)
 	}
 	return retried, nil
+}
+
+// requeueSQL makes the dead event $1 pending again, at the place $2 in the outbox order.
+func (o *Outbox) requeueSQL() string {
+	return `UPDATE ` + o.t + ` SET state = 'pending', attempts = 0, available_at = now(), last_error = NULL, seq = $2
+		WHERE id = $1 AND state = 'dead'`
+}
+
+// newSeqs takes n new places in the outbox order, in ascending order. They are taken
+// by a statement of their own, not by the UPDATE that uses them (seq = DEFAULT), because
+// Citus refuses a volatile function such as nextval in an UPDATE of a table it holds.
+func (o *Outbox) newSeqs(ctx context.Context, tx pgx.Tx, n int) ([]int64, error) {
+	rows, err := tx.Query(ctx, `SELECT nextval(pg_get_serial_sequence($1, 'seq')) FROM generate_series(1, $2) ORDER BY 1`, o.t, n)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
 // Stats counts events by state.
@@ -407,12 +429,6 @@ type PurgeResult struct {
 	Batches int
 }
 
-// purgeSQL deletes published events older than $2, oldest first, through the index of
-// published events (outbox migration 004).
-func (o *Outbox) purgeSQL() string {
-	return pgsql.PurgeSQL(o.t, "state = 'published' AND published_at < $2", "published_at")
-}
-
 // Purge deletes published events older than the retention, in batches, oldest first;
 // many purgers may run at once. Pending and dead events are never purged.
 func (o *Outbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
@@ -423,10 +439,16 @@ func (o *Outbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error
 	before := time.Now().Add(-config.Or(c.PublishedRetention, PublishedRetentionDefault))
 	var res PurgeResult
 	var err error
-	res.Deleted, res.Batches, err = pgsql.Purge(ctx, o.pool, o.purgeSQL(), config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, c.Pause, before)
+	res.Deleted, res.Batches, err = o.purgeSQL().Run(ctx, o.pool, config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, c.Pause, before)
 	o.tel.purge(ctx, res.Deleted)
 	if err != nil {
 		return res, fmt.Errorf("oncekit/outbox: purge: %w", err)
 	}
 	return res, nil
+}
+
+// purgeSQL is Purge's statements: published events older than $2, oldest first, through
+// the index of published events (outbox migration 004).
+func (o *Outbox) purgeSQL() pgsql.Purge {
+	return pgsql.PurgeSQL(o.t, []string{"id"}, "state = 'published' AND published_at < $2", "published_at")
 }

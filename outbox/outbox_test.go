@@ -366,6 +366,9 @@ func TestOutbox_Purge(t *testing.T) {
 // purge of millions of events does not read the whole table once per batch.
 func TestOutbox_PurgeReadsPublishedIndex(t *testing.T) {
 	t.Parallel()
+	if pgtest.IsCitus() {
+		t.Skip("on Citus the plan is the node's, inside Citus's own scan, and the purge picks events by key")
+	}
 	b := setup(t)
 	ctx := context.Background()
 	var plan strings.Builder

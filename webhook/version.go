@@ -22,8 +22,8 @@ func advanceVersion(ctx context.Context, tx pgx.Tx, schema string, scope keys.Sc
 	}
 	t := pgx.Identifier{schema, "entity_versions"}.Sanitize()
 	var applied bool
-	err := tx.QueryRow(ctx, `INSERT INTO `+t+` AS v (tenant, scope, entity, version) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (tenant, scope, entity) DO UPDATE SET version = excluded.version, updated_at = now()
+	err := tx.QueryRow(ctx, `INSERT INTO `+t+` AS v (tenant, scope, entity, version, updated_at) VALUES ($1, $2, $3, $4, now())
+		ON CONFLICT (tenant, scope, entity) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at
 		WHERE v.version < excluded.version
 		RETURNING true`, scope.Tenant, scope.Operation, entity, version).Scan(&applied)
 	if errors.Is(err, pgx.ErrNoRows) {

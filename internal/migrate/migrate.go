@@ -5,6 +5,7 @@ package migrate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"slices"
@@ -23,6 +24,8 @@ type Beginner interface {
 type Line struct {
 	Name  string
 	Files fs.FS
+	// Tables says where Citus places the line's tables ([Place]).
+	Tables []Table
 }
 
 // File is one migration of a line.
@@ -80,8 +83,19 @@ END $$`
 // Up applies, in schema, every file of lines not yet applied, each in its own
 // transaction under a transaction-scoped advisory lock, so many processes may call it at
 // once. It returns the files it applied.
-func Up(ctx context.Context, db Beginner, schema string, lines ...Line) ([]File, error) {
+//
+// On a database with the citus extension, Up then places the lines' tables that Citus
+// does not hold yet, as [Place] does with no table to colocate with.
+func Up(ctx context.Context, db Beginner, schema string, lines ...Line) (_ []File, err error) {
 	var applied []File
+	defer func() {
+		if err == nil {
+			_, err = Place(ctx, db, schema, "", lines...)
+			if errors.Is(err, ErrNotCitus) {
+				err = nil
+			}
+		}
+	}()
 	for _, l := range lines {
 		files, err := l.Load()
 		if err != nil {
@@ -100,11 +114,17 @@ func Up(ctx context.Context, db Beginner, schema string, lines ...Line) ([]File,
 	return applied, nil
 }
 
+// lockSQL is the transaction-scoped advisory lock that serialises the migrations of
+// schema.
+func lockSQL(schema string) string {
+	return "SELECT pg_advisory_xact_lock(hashtextextended('oncekit.migrate.' || " + quote(schema) + ", 0))"
+}
+
 func apply(ctx context.Context, db Beginner, schema string, f File) (applied bool, err error) {
 	ident := pgx.Identifier{schema}.Sanitize()
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		for _, stmt := range []string{
-			"SELECT pg_advisory_xact_lock(hashtextextended('oncekit.migrate.' || " + quote(schema) + ", 0))",
+			lockSQL(schema),
 			"CREATE SCHEMA IF NOT EXISTS " + ident,
 			"SET LOCAL search_path TO " + ident,
 			table,

@@ -74,9 +74,33 @@ func Code(err error) string {
 }
 
 // IsUniqueViolation reports whether err is a unique violation of the named constraint.
+// Through a Citus coordinator the error comes from a worker without ConstraintName,
+// and its message names the shard's constraint, the name followed by "_" and the
+// shard's ID: that name is recognised too.
 func IsUniqueViolation(err error, constraint string) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == UniqueViolation && pgErr.ConstraintName == constraint
+	if !errors.As(err, &pgErr) || pgErr.Code != UniqueViolation {
+		return false
+	}
+	if pgErr.ConstraintName != "" {
+		return pgErr.ConstraintName == constraint
+	}
+	// duplicate key value violates unique constraint "records_pkey_102028"
+	_, name, ok := strings.Cut(pgErr.Message, `"`)
+	name, _, closed := strings.Cut(name, `"`)
+	if !ok || !closed {
+		return false
+	}
+	shard, ok := strings.CutPrefix(name, constraint+"_")
+	if !ok || shard == "" {
+		return false
+	}
+	for _, c := range shard {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // Execer runs a statement: a pool, a connection or a transaction.
@@ -84,20 +108,64 @@ type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// PurgeSQL is the one statement every purge runs: it deletes at most $1 rows of table
-// (schema-qualified and quoted) matching where, in order, picked FOR UPDATE SKIP LOCKED
-// so that concurrent purgers share the work. where and order refer to the purge's own
-// arguments as $2 onwards.
-func PurgeSQL(table, where, order string) string {
-	return `DELETE FROM ` + table + ` WHERE ctid = ANY (ARRAY (
-		SELECT ctid FROM ` + table + ` WHERE ` + where + ` ORDER BY ` + order + ` LIMIT $1 FOR UPDATE SKIP LOCKED))`
+// Purge is a batched delete, as two statements that each delete at most $1 rows of a
+// table (schema-qualified and quoted) matching a condition, in order. Local picks its
+// rows by ctid FOR UPDATE SKIP LOCKED, so that concurrent purgers share the work. Citus
+// refuses both on the tables it holds (a ctid names a row of one node, and SKIP LOCKED
+// works across shards only with the tenant given), where ByKey picks the rows by
+// primary key instead, in an order the key completes, so that every node holding a
+// reference table picks the same rows: concurrent purgers may then pick the same rows,
+// and one waits for the other's delete. Citus picks the rows first and deletes them
+// after, so ByKey's delete checks the condition again: a row changed in between, such
+// as an expired record taken over by a new intent, is kept.
+type Purge struct {
+	Table, Local, ByKey string
 }
 
-// Purge runs a statement from [PurgeSQL] in batches of batch rows until a batch deletes
-// fewer, or maxBatches statements have run (0: no limit), waiting pause between two
-// statements. args are $2 onwards. A context cancelled during a pause ends the purge
-// with the context's error and what was deleted so far.
-func Purge(ctx context.Context, q Execer, sql string, batch, maxBatches int, pause time.Duration, args ...any) (deleted int64, batches int, err error) {
+// PurgeSQL returns the statements of a purge of table, whose primary key is the columns
+// key. where and order refer to the purge's own arguments as $2 onwards.
+func PurgeSQL(table string, key []string, where, order string) Purge {
+	k := strings.Join(key, ", ")
+	return Purge{
+		Table: table,
+		Local: `DELETE FROM ` + table + ` WHERE ctid = ANY (ARRAY (
+		SELECT ctid FROM ` + table + ` WHERE ` + where + ` ORDER BY ` + order + ` LIMIT $1 FOR UPDATE SKIP LOCKED))`,
+		ByKey: `DELETE FROM ` + table + ` WHERE (` + k + `) IN (
+		SELECT ` + k + ` FROM ` + table + ` WHERE ` + where + ` ORDER BY ` + order + `, ` + k + ` LIMIT $1) AND ` + where,
+	}
+}
+
+// Querier runs statements and queries: a pool, a connection or a transaction.
+type Querier interface {
+	Execer
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// CitusTable reports whether Citus holds table (schema-qualified and quoted): a
+// distributed, reference or local table. On a database without Citus it costs one catalog
+// lookup.
+func CitusTable(ctx context.Context, q Querier, table string) (bool, error) {
+	var citus bool
+	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil || !citus {
+		return false, err
+	}
+	var held bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass($1))`, table).Scan(&held)
+	return held, err
+}
+
+// Run runs the purge in batches of batch rows until a batch deletes fewer, or
+// maxBatches statements have run (0: no limit), waiting pause between two statements:
+// Local on a single PostgreSQL, ByKey when Citus holds the table. args are $2 onwards.
+// A context cancelled during a pause ends the purge with the context's error and what
+// was deleted so far.
+func (p Purge) Run(ctx context.Context, q Querier, batch, maxBatches int, pause time.Duration, args ...any) (deleted int64, batches int, err error) {
+	sql := p.Local
+	if held, err := CitusTable(ctx, q, p.Table); err != nil {
+		return 0, 0, err
+	} else if held {
+		sql = p.ByKey
+	}
 	args = append([]any{batch}, args...)
 	for maxBatches == 0 || batches < maxBatches {
 		if batches > 0 && pause > 0 {

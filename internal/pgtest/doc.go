@@ -12,4 +12,12 @@
 // isolated, freshly created schema and a pool whose search_path points at it. Schemas
 // are dropped at cleanup and the cluster is stopped when the binary exits, so packages
 // tested in parallel by `go test ./...` never share state.
+//
+// # Citus
+//
+// With ONCEKIT_CITUS=1 ([CitusEnv]) Main starts a throwaway Citus cluster instead: a
+// coordinator and two workers ([StartCitus]), clients connecting to the coordinator.
+// Citus is built once from a source tarball ([CitusTarball]) for the machine's
+// PostgreSQL and cached under ~/.cache/oncekit ([EnsureCitus]); without a tarball the
+// package's tests are skipped, and TestStartCitus says how to get one.
 package pgtest

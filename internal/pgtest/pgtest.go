@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -14,9 +15,29 @@ import (
 )
 
 var (
-	cluster *Cluster // nil when DATABASE_URL is used
+	cluster *Cluster // nil when DATABASE_URL is used; the coordinator on Citus
+	citus   *Citus   // the Citus cluster under CitusEnv
 	baseURL string
 )
+
+// CitusEnv names the environment variable that runs a package's tests on a throwaway
+// Citus cluster (a coordinator and two workers) instead of a single PostgreSQL, when
+// set to 1. Without a Citus source tarball ([CitusTarball]) the tests are skipped with
+// a note that says how to get one.
+const CitusEnv = "ONCEKIT_CITUS"
+
+// IsCitus reports whether the tests run on the Citus cluster of [CitusEnv].
+func IsCitus() bool { return citus != nil }
+
+// CitusCluster returns the Citus cluster, or skips the test when the tests do not run
+// on one.
+func CitusCluster(tb testing.TB) *Citus {
+	tb.Helper()
+	if citus == nil {
+		tb.Skip("pgtest: this test needs the Citus cluster; run it with " + CitusEnv + "=1 (make test-citus)")
+	}
+	return citus
+}
 
 // Main runs the tests of a package against a real PostgreSQL: the server named by
 // DATABASE_URL when it is set, otherwise a throwaway cluster that lives as long as the
@@ -30,6 +51,9 @@ func run(m *testing.M) int {
 	if url := os.Getenv("DATABASE_URL"); url != "" {
 		baseURL = url
 		return m.Run()
+	}
+	if os.Getenv(CitusEnv) == "1" {
+		return runCitus(m)
 	}
 	// A chosen release is fetched first, on its own clock: the first download may take
 	// minutes on a slow network.
@@ -50,6 +74,25 @@ func run(m *testing.M) int {
 	defer c.Close()
 	cluster, baseURL = c, c.ConnString()
 	// Runnable examples read DATABASE_URL, as user code does.
+	os.Setenv("DATABASE_URL", baseURL)
+	return m.Run()
+}
+
+func runCitus(m *testing.M) int {
+	// A first build takes about two minutes; later starts take seconds.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	c, err := StartCitus(ctx, nil)
+	cancel()
+	if errors.Is(err, ErrNoCitus) {
+		fmt.Fprintln(os.Stderr, "skipping the tests on Citus:", err)
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer c.Close()
+	citus, cluster, baseURL = c, c.Coordinator, c.ConnString()
 	os.Setenv("DATABASE_URL", baseURL)
 	return m.Run()
 }

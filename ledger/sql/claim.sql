@@ -4,6 +4,9 @@
 -- attempt takes a key whose holder is still within its lease.
 -- $1 tenant, $2 operation, $3 key, $4 now (NULL: the database clock), $5 fingerprint,
 -- $6 owner token, $7 lease, $8 retention.
+-- The conflict branch reads the time from the row it would have inserted (excluded.updated_at)
+-- rather than calling now(): Citus refuses any function that is not immutable there, and
+-- the time is the same.
 INSERT INTO {{records}} AS r (tenant, operation, key, fingerprint, state, owner_token, lease_until,
         attempts, created_at, updated_at, expires_at)
     VALUES ($1, $2, $3, $5, 'pending', $6, coalesce($4::timestamptz, now()) + $7::interval, 1, coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()), coalesce($4::timestamptz, now()) + greatest($7::interval, $8::interval))
@@ -12,11 +15,11 @@ INSERT INTO {{records}} AS r (tenant, operation, key, fingerprint, state, owner_
         lease_until = excluded.lease_until,
         updated_at = excluded.updated_at,
         state = 'pending', status_code = 0, body = NULL, error_code = NULL, error_message = NULL, resource_ref = NULL,
-        fingerprint = CASE WHEN r.expires_at <= coalesce($4::timestamptz, now()) THEN excluded.fingerprint ELSE r.fingerprint END,
-        uncertain = CASE WHEN r.expires_at <= coalesce($4::timestamptz, now()) THEN false ELSE r.uncertain END,
-        attempts = CASE WHEN r.expires_at <= coalesce($4::timestamptz, now()) THEN 1 ELSE r.attempts + 1 END,
-        created_at = CASE WHEN r.expires_at <= coalesce($4::timestamptz, now()) THEN excluded.created_at ELSE r.created_at END,
-        expires_at = CASE WHEN r.expires_at <= coalesce($4::timestamptz, now()) THEN excluded.expires_at ELSE greatest(r.expires_at, excluded.expires_at) END
-    WHERE r.expires_at <= coalesce($4::timestamptz, now())
-        OR (r.state = 'pending' AND r.lease_until <= coalesce($4::timestamptz, now()) AND r.fingerprint = excluded.fingerprint)
+        fingerprint = CASE WHEN r.expires_at <= excluded.updated_at THEN excluded.fingerprint ELSE r.fingerprint END,
+        uncertain = CASE WHEN r.expires_at <= excluded.updated_at THEN false ELSE r.uncertain END,
+        attempts = CASE WHEN r.expires_at <= excluded.updated_at THEN 1 ELSE r.attempts + 1 END,
+        created_at = CASE WHEN r.expires_at <= excluded.updated_at THEN excluded.created_at ELSE r.created_at END,
+        expires_at = CASE WHEN r.expires_at <= excluded.updated_at THEN excluded.expires_at ELSE greatest(r.expires_at, excluded.expires_at) END
+    WHERE r.expires_at <= excluded.updated_at
+        OR (r.state = 'pending' AND r.lease_until <= excluded.updated_at AND r.fingerprint = excluded.fingerprint)
     RETURNING r.attempts, r.uncertain, r.lease_until, r.created_at
