@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -59,7 +60,8 @@ type scaleBench struct {
 }
 
 // scaleSettings are the scale cluster's settings: durable, with the memory and WAL room
-// a server holding tens of millions of records is given.
+// a server holding tens of millions of records is given. SCALE_SHARED_BUFFERS sets
+// shared_buffers instead (such as 8GB).
 var scaleSettings = map[string]string{
 	"shared_buffers":       "2GB",
 	"max_wal_size":         "8GB",
@@ -72,7 +74,11 @@ func scaleServer(ctx context.Context) (string, func(), error) {
 	if url := os.Getenv("DATABASE_URL"); url != "" {
 		return url, func() {}, nil
 	}
-	c, err := pgtest.StartCluster(ctx, &pgtest.ClusterOpts{Durable: true, Settings: scaleSettings})
+	settings := maps.Clone(scaleSettings)
+	if sb := os.Getenv("SCALE_SHARED_BUFFERS"); sb != "" {
+		settings["shared_buffers"] = sb
+	}
+	c, err := pgtest.StartCluster(ctx, &pgtest.ClusterOpts{Durable: true, Settings: settings})
 	if err != nil {
 		return "", nil, err
 	}
