@@ -94,7 +94,7 @@ func place(ctx context.Context, db Beginner, schema, colocateWith string, t Tabl
 			_, err := tx.Exec(ctx, `SELECT create_distributed_table($1::regclass, $2, colocate_with => $3)`, name, t.Column, target)
 			return err
 		case *method != "h":
-			return fmt.Errorf("Citus holds the table already, not distributed (partition method %q): undistribute it (undistribute_table) and run again", *method)
+			return fmt.Errorf("the table is held by Citus already, not distributed (partition method %q): undistribute it (undistribute_table) and run again", *method)
 		case colocateWith != "":
 			var same bool
 			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass AND colocationid = $2)`,

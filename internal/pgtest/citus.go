@@ -73,7 +73,7 @@ var ErrNoCitus = errors.New("pgtest: no Citus source tarball: set " + CitusTarba
 func CitusTarball() (string, error) {
 	if p := os.Getenv(CitusTarballEnv); p != "" {
 		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("%w (%s=%s: %v)", ErrNoCitus, CitusTarballEnv, p, err)
+			return "", fmt.Errorf("%w (%s=%s: %w)", ErrNoCitus, CitusTarballEnv, p, err)
 		}
 		return filepath.Abs(p)
 	}
