@@ -380,7 +380,10 @@ func TestPurge_DryRunNamesTables(t *testing.T) {
 		counts[strings.TrimPrefix(tb.Table, b.schema+".")] = tb.Count
 	}
 	require.Equal(t, map[string]int64{"idempotency_records": 1, "inbox_messages": 0, "outbox_events": 0}, counts)
-	r = b.run(t, "purge", "-y", "--batch", "1")
+	r = b.run(t, "purge", "-y", "--pause", "-1s")
+	require.Equal(t, exitUsage, r.code)
+	require.Contains(t, r.errOut, "--pause must not be negative")
+	r = b.run(t, "purge", "-y", "--batch", "1", "--pause", "10ms")
 	require.Equal(t, exitOK, r.code, r.errOut)
 	require.Contains(t, r.out, "purged  "+b.schema+".idempotency_records  1 expired records")
 	r = b.run(t, "purge")

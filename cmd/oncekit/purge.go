@@ -15,12 +15,14 @@ import (
 // purgeFlags are the flags of the purges.
 type purgeFlags struct {
 	batch     int
+	pause     time.Duration
 	retention time.Duration
 	yes       bool
 }
 
 func (p *purgeFlags) register(cmd *cobra.Command, outboxToo bool) {
 	cmd.Flags().IntVar(&p.batch, "batch", ledger.PurgeBatchDefault, "rows per statement, which bounds how long each holds its locks")
+	cmd.Flags().DurationVar(&p.pause, "pause", 0, "wait this long between two statements, to leave the database to the traffic beside the purge")
 	if outboxToo {
 		cmd.Flags().DurationVar(&p.retention, "published-retention", outbox.PublishedRetentionDefault, "keep published outbox events this long")
 	}
@@ -33,6 +35,9 @@ func (p *purgeFlags) check() error {
 	}
 	if p.retention < 0 {
 		return usageError{"--published-retention must not be negative"}
+	}
+	if p.pause < 0 {
+		return usageError{"--pause must not be negative"}
 	}
 	return nil
 }
@@ -102,7 +107,7 @@ func (a *app) ledgerPurge(l *ledger.Ledger, p purgeFlags) purgeStep {
 			return st.Purgeable, err
 		},
 		purge: func() (int64, int, error) {
-			res, err := l.Purge(a.ctx, &ledger.PurgeOpts{BatchSize: p.batch})
+			res, err := l.Purge(a.ctx, &ledger.PurgeOpts{BatchSize: p.batch, Pause: p.pause})
 			return res.Deleted, res.Batches, err
 		}}
 }
@@ -118,13 +123,13 @@ func inboxPurge(a *app, in *inbox.Inbox, p purgeFlags) purgeStep {
 			return n, err
 		},
 		purge: func() (int64, int, error) {
-			res, err := in.Purge(a.ctx, &inbox.PurgeOpts{BatchSize: p.batch})
+			res, err := in.Purge(a.ctx, &inbox.PurgeOpts{BatchSize: p.batch, Pause: p.pause})
 			return res.Deleted, res.Batches, err
 		}}
 }
 
 func outboxPurge(a *app, out *outbox.Outbox, p purgeFlags) purgeStep {
-	opts := &outbox.PurgeOpts{PublishedRetention: p.retention, BatchSize: p.batch}
+	opts := &outbox.PurgeOpts{PublishedRetention: p.retention, BatchSize: p.batch, Pause: p.pause}
 	return purgeStep{table: "outbox_events", what: fmt.Sprintf("events published over %s ago", shortDuration(p.retention)),
 		count: func() (int64, error) { return out.Purgeable(a.ctx, opts) },
 		purge: func() (int64, int, error) {
