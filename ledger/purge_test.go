@@ -103,6 +103,12 @@ func TestPurge_Pause(t *testing.T) {
 		require.Equal(t, ledger.PurgeResult{Deleted: 10, Batches: 1}, res)
 	})
 	t.Run("CancelledDuringAPause", func(t *testing.T) {
+		if pgtest.IsCitus() {
+			// The test knows the purge is in its pause when the first batch's deletions
+			// are visible; on Citus they are visible on the worker well before the
+			// coordinator's answer reaches the purge. The pause is the same code there.
+			t.Skip("on Citus the first statement's deletions show before its answer arrives")
+		}
 		pctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		type outcome struct {
