@@ -115,7 +115,7 @@ func sagaCompensating(ctx context.Context, req saga.CompensatingRequest) (saga.R
 		return saga.Recorded{}, invalid(err)
 	}
 	var rec saga.Recorded
-	err = inTx(ctx, g.l, func(tx pgx.Tx) error {
+	err = inTx(ctx, g, func(tx pgx.Tx) error {
 		if err := g.l.ExtendTx(ctx, tx, sagaLease(g, req.BeginRequest), req.Lease); err != nil {
 			rec, err = notHeld(ctx, g, tx, req.BeginRequest, err)
 			return err
@@ -163,7 +163,7 @@ func sagaEnd(ctx context.Context, req saga.EndRequest) (saga.Recorded, error) {
 	}
 	out := req.Outcome
 	out.Ended, out.Held, out.Compensating = true, false, nil
-	err = inTx(ctx, g.l, func(tx pgx.Tx) error {
+	err = inTx(ctx, g, func(tx pgx.Tx) error {
 		if err := g.l.ExtendTx(ctx, tx, lease, req.Lease); err != nil {
 			out, err = notHeld(ctx, g, tx, req.BeginRequest, err)
 			return err
@@ -254,9 +254,14 @@ func decodeCompensating(body []byte) (*saga.Compensating, error) {
 	return &c, nil
 }
 
-// inTx runs fn in a transaction on the ledger's pool and commits it when fn returns nil.
-func inTx(ctx context.Context, l *ledger.Ledger, fn func(tx pgx.Tx) error) error {
-	tx, err := l.Pool().Begin(ctx)
+// inTx runs fn in a transaction on the pool of the saga's tenant and commits it when fn
+// returns nil.
+func inTx(ctx context.Context, g *guard, fn func(tx pgx.Tx) error) error {
+	pool, err := g.l.Router().Pool(g.in.Scope.Tenant)
+	if err != nil {
+		return err
+	}
+	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/oncekit/oncekit/internal/pipetx"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/shard"
 )
 
 // Defaults of [Config] and [PurgeOpts].
@@ -82,16 +83,21 @@ var (
 	// before. Return it (or any error): the inbox reports the delivery as a duplicate
 	// either way.
 	ErrDuplicate = errors.New("oncekit/inbox: the message was handled before: return this error")
+	// ErrNoTenant: Handle on an inbox of several shards was given a context without
+	// the message's tenant.
+	ErrNoTenant = errors.New("oncekit/inbox: the inbox is on several shards and the context carries no tenant: put the message's tenant in it with keys.WithTenant")
 	// ErrNilHandler: Handle or HandleTx was given no handler.
 	ErrNilHandler = errors.New("oncekit/inbox: nil handler: pass the function that handles the message")
 )
 
 // Inbox tracks processed messages.
 type Inbox struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	q    queries
-	tel  *telemetry
+	r *shard.Router
+	// sharded is true for an inbox made by NewSharded, whose Handle needs the tenant.
+	sharded bool
+	cfg     Config
+	q       queries
+	tel     *telemetry
 }
 
 // New returns an inbox on pool.
@@ -99,6 +105,22 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
 	if pool == nil {
 		return nil, errors.New("oncekit/inbox: New needs a pool")
 	}
+	return newInbox(shard.Single(pool), false, cfg)
+}
+
+// NewSharded returns an inbox on the shards of r, each migrated: Handle records a
+// message on the shard of the tenant that keys.WithTenant put in its context, beside
+// the handler's writes to that tenant's tables, and without a tenant returns
+// [ErrNoTenant]. HandleTx records it where the caller's transaction is. Stats and Purge
+// run on every shard in turn.
+func NewSharded(r *shard.Router, cfg *Config) (*Inbox, error) {
+	if r == nil {
+		return nil, errors.New("oncekit/inbox: NewSharded needs a router")
+	}
+	return newInbox(r, true, cfg)
+}
+
+func newInbox(r *shard.Router, sharded bool, cfg *Config) (*Inbox, error) {
 	c := config.Of(cfg)
 	c.Schema = config.Or(c.Schema, SchemaDefault)
 	c.Retention = config.Or(c.Retention, RetentionDefault)
@@ -112,7 +134,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("oncekit/inbox: create the instruments: %w", err)
 	}
-	return &Inbox{pool: pool, cfg: c, q: newQueries(c.Schema), tel: tel}, nil
+	return &Inbox{r: r, sharded: sharded, cfg: c, q: newQueries(c.Schema), tel: tel}, nil
+}
+
+// pool returns the pool of the shard of the tenant ctx carries.
+func (ib *Inbox) pool(ctx context.Context) (*pgxpool.Pool, error) {
+	tenant, ok := keys.TenantFrom(ctx)
+	if !ok && ib.sharded {
+		return nil, ErrNoTenant
+	}
+	return ib.r.Pool(tenant)
 }
 
 // Result is the outcome of [Inbox.Handle].
@@ -138,7 +169,11 @@ func (ib *Inbox) Handle(ctx context.Context, subscriber, messageID string, fn Ha
 	if err := validate(subscriber, messageID, fn); err != nil {
 		return Result{}, err
 	}
-	conn, err := ib.pool.Acquire(ctx)
+	pool, err := ib.pool(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return Result{}, err
 	}
@@ -425,16 +460,20 @@ type PurgeResult struct {
 	Batches int
 }
 
-// Purge deletes expired records in batches, oldest first; many purgers may run at once.
+// Purge deletes expired records in batches, oldest first, on every shard in turn; many
+// purgers may run at once.
 func (ib *Inbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
 	o := config.Of(opts)
 	if o.BatchSize < 0 || o.MaxBatches < 0 || o.Pause < 0 {
 		return PurgeResult{}, errors.New("oncekit/inbox: PurgeOpts values must not be negative")
 	}
 	var res PurgeResult
-	var err error
-	res.Deleted, res.Batches, err = ib.q.purge.Run(ctx, ib.pool, config.Or(o.BatchSize, PurgeBatchDefault), o.MaxBatches, o.Pause)
-	ib.tel.purge(ctx, res.Deleted)
+	err := ib.r.Each(func(s shard.Shard) error {
+		deleted, batches, err := ib.q.purge.Run(ctx, s.Pool, config.Or(o.BatchSize, PurgeBatchDefault), o.MaxBatches, o.Pause)
+		res.Deleted, res.Batches = res.Deleted+deleted, res.Batches+batches
+		ib.tel.purge(ctx, deleted)
+		return err
+	})
 	if err != nil {
 		return res, fmt.Errorf("oncekit/inbox: purge: %w", err)
 	}

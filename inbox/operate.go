@@ -3,9 +3,13 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekit/oncekit/shard"
 )
 
 // SubscriberStats counts one subscriber's records, for operators.
@@ -21,23 +25,40 @@ type SubscriberStats struct {
 	LastReceived time.Time
 }
 
-// Stats counts the inbox's records by subscriber, in subscriber order.
+// Stats counts the inbox's records by subscriber, in subscriber order, over every shard.
 func (ib *Inbox) Stats(ctx context.Context) ([]SubscriberStats, error) {
-	rows, err := ib.pool.Query(ctx, `SELECT subscriber, count(*) FILTER (WHERE state = 'processed'),
-		count(*) FILTER (WHERE state = 'rejected'), count(*) FILTER (WHERE expires_at <= now()), max(received_at)
-		FROM `+pgx.Identifier{ib.cfg.Schema, "inbox_messages"}.Sanitize()+` GROUP BY subscriber ORDER BY subscriber`)
-	if err != nil {
-		return nil, fmt.Errorf("oncekit/inbox: stats: %w", err)
-	}
-	stats, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SubscriberStats, error) {
-		var s SubscriberStats
-		return s, r.Scan(&s.Subscriber, &s.Processed, &s.Rejected, &s.Expired, &s.LastReceived)
+	by := map[string]*SubscriberStats{}
+	err := ib.r.Each(func(s shard.Shard) error {
+		rows, err := s.Pool.Query(ctx, `SELECT subscriber, count(*) FILTER (WHERE state = 'processed'),
+			count(*) FILTER (WHERE state = 'rejected'), count(*) FILTER (WHERE expires_at <= now()), max(received_at)
+			FROM `+pgx.Identifier{ib.cfg.Schema, "inbox_messages"}.Sanitize()+` GROUP BY subscriber`)
+		if err != nil {
+			return err
+		}
+		var st SubscriberStats
+		_, err = pgx.ForEachRow(rows, []any{&st.Subscriber, &st.Processed, &st.Rejected, &st.Expired, &st.LastReceived}, func() error {
+			sum, ok := by[st.Subscriber]
+			if !ok {
+				sum = &SubscriberStats{Subscriber: st.Subscriber}
+				by[st.Subscriber] = sum
+			}
+			sum.Processed += st.Processed
+			sum.Rejected += st.Rejected
+			sum.Expired += st.Expired
+			if st.LastReceived.After(sum.LastReceived) {
+				sum.LastReceived = st.LastReceived
+			}
+			return nil
+		})
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("oncekit/inbox: stats: %w", err)
 	}
-	if stats == nil {
-		stats = []SubscriberStats{}
+	stats := make([]SubscriberStats, 0, len(by))
+	for _, s := range by {
+		stats = append(stats, *s)
 	}
+	slices.SortFunc(stats, func(a, b SubscriberStats) int { return strings.Compare(a.Subscriber, b.Subscriber) })
 	return stats, nil
 }

@@ -71,7 +71,11 @@ type ClaimResult struct {
 // with a live lease is waited for up to ClaimOpts.Wait, then reported as an
 // [*InProgressError]. A stored failure is returned as a [*DefinitiveError].
 func (l *Ledger) Claim(ctx context.Context, in Intent, opts *ClaimOpts) (ClaimResult, error) {
-	return l.instrumentedClaim(ctx, l.pool, in, opts)
+	pool, err := l.r.Pool(in.Scope.Tenant)
+	if err != nil {
+		return ClaimResult{}, err
+	}
+	return l.instrumentedClaim(ctx, pool, in, opts)
 }
 
 // ClaimTx is [Ledger.Claim] inside the caller's transaction; the claim takes effect
@@ -245,8 +249,10 @@ func (l *Ledger) resume(ctx context.Context, q querier, in Intent, token uuid.UU
 // [*LeaseLostError] when the lease's token no longer owns the record.
 func (l *Ledger) Complete(ctx context.Context, lease *Lease, resp Response) (res Result, err error) {
 	err = l.finish(ctx, "Complete", lease, OutcomeCompleted, func(ctx context.Context) error {
-		res, err = l.complete(ctx, l.pool, lease, resp)
-		return err
+		return l.onLease(lease, func(q querier) (err error) {
+			res, err = l.complete(ctx, q, lease, resp)
+			return err
+		})
 	})
 	return res, err
 }
@@ -280,7 +286,9 @@ func (l *Ledger) complete(ctx context.Context, q querier, lease *Lease, resp Res
 // Fail stores a definitive failure for the key and ends the lease: every retry of the
 // intent receives the same [*DefinitiveError].
 func (l *Ledger) Fail(ctx context.Context, lease *Lease, derr *DefinitiveError) error {
-	return l.finish(ctx, "Fail", lease, OutcomeFailed, func(ctx context.Context) error { return l.fail(ctx, l.pool, lease, derr) })
+	return l.finish(ctx, "Fail", lease, OutcomeFailed, func(ctx context.Context) error {
+		return l.onLease(lease, func(q querier) error { return l.fail(ctx, q, lease, derr) })
+	})
 }
 
 // FailTx is [Ledger.Fail] inside the caller's transaction.
@@ -308,7 +316,9 @@ func (l *Ledger) fail(ctx context.Context, q querier, lease *Lease, derr *Defini
 // start afresh (with any payload). Use [Ledger.MarkUncertain] instead when the call may
 // have happened.
 func (l *Ledger) Release(ctx context.Context, lease *Lease) error {
-	return l.finish(ctx, "Release", lease, OutcomeReleased, func(ctx context.Context) error { return l.release(ctx, l.pool, lease) })
+	return l.finish(ctx, "Release", lease, OutcomeReleased, func(ctx context.Context) error {
+		return l.onLease(lease, func(q querier) error { return l.release(ctx, q, lease) })
+	})
 }
 
 // ReleaseTx is [Ledger.Release] inside the caller's transaction.
@@ -335,7 +345,9 @@ func (l *Ledger) release(ctx context.Context, q querier, lease *Lease) error {
 // Redrive and Uncertain set and must repeat the call with the same downstream key.
 // The record keeps its fingerprint, so a retry with another payload is refused.
 func (l *Ledger) MarkUncertain(ctx context.Context, lease *Lease) error {
-	return l.finish(ctx, "MarkUncertain", lease, OutcomeUncertain, func(ctx context.Context) error { return l.markUncertain(ctx, l.pool, lease) })
+	return l.finish(ctx, "MarkUncertain", lease, OutcomeUncertain, func(ctx context.Context) error {
+		return l.onLease(lease, func(q querier) error { return l.markUncertain(ctx, q, lease) })
+	})
 }
 
 // MarkUncertainTx is [Ledger.MarkUncertain] inside the caller's transaction.
@@ -360,7 +372,7 @@ func (l *Ledger) markUncertain(ctx context.Context, q querier, lease *Lease) err
 // Extend renews the lease for d from now, for a call that takes longer than planned.
 // It updates lease.Until.
 func (l *Ledger) Extend(ctx context.Context, lease *Lease, d time.Duration) error {
-	return l.extend(ctx, l.pool, lease, d)
+	return l.onLease(lease, func(q querier) error { return l.extend(ctx, q, lease, d) })
 }
 
 // ExtendTx is [Ledger.Extend] inside the caller's transaction.

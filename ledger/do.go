@@ -125,7 +125,11 @@ func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (res 
 	if err := l.precheck(ctx, in, fn, o); err != nil {
 		return Result{}, err
 	}
-	conn, err := l.pool.Acquire(ctx)
+	pool, err := l.r.Pool(in.Scope.Tenant)
+	if err != nil {
+		return Result{}, err
+	}
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return Result{}, err
 	}
@@ -510,7 +514,11 @@ func (a *attempt) afterConflict(ctx context.Context, cause error) (Result, error
 // liveRecord reports whether a live record of in exists, read outside any caller's
 // snapshot.
 func (l *Ledger) liveRecord(ctx context.Context, in Intent) bool {
-	rec, err := l.lookup(ctx, l.pool, in.Scope, in.Key)
+	pool, err := l.r.Pool(in.Scope.Tenant)
+	if err != nil {
+		return false
+	}
+	rec, err := l.lookup(ctx, pool, in.Scope, in.Key)
 	return err == nil && rec != nil && !rec.Expired
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/oncekit/oncekit/internal/config"
 	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/shard"
 )
 
 // Defaults of [Config] and the per-call options.
@@ -93,10 +94,10 @@ type Config struct {
 // Ledger is the dedup ledger: records keyed by (tenant, operation, key) in PostgreSQL.
 // It is safe for concurrent use.
 type Ledger struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	q    queries
-	tel  *telemetry
+	r   *shard.Router
+	cfg Config
+	q   queries
+	tel *telemetry
 }
 
 // New returns a ledger on pool. The schema must have been migrated with [Migrate].
@@ -104,6 +105,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Ledger, error) {
 	if pool == nil {
 		return nil, errors.New("oncekit/ledger: New needs a pool")
 	}
+	return newLedger(shard.Single(pool), cfg)
+}
+
+func newLedger(r *shard.Router, cfg *Config) (*Ledger, error) {
 	c := config.Of(cfg)
 	c.Schema = config.Or(c.Schema, SchemaDefault)
 	c.Retention = config.Or(c.Retention, RetentionDefault)
@@ -121,7 +126,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Ledger, error) {
 			return nil, fmt.Errorf("oncekit/ledger: OperationRetention[%q] must be positive", op)
 		}
 	}
-	l := &Ledger{pool: pool, cfg: c, q: newQueries(c.Schema)}
+	l := &Ledger{r: r, cfg: c, q: newQueries(c.Schema)}
 	var err error
 	if l.tel, err = newTelemetry(&c, l.pendingCounts); err != nil {
 		return nil, fmt.Errorf("oncekit/ledger: create the instruments: %w", err)
@@ -129,8 +134,14 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Ledger, error) {
 	return l, nil
 }
 
-// Pool returns the pool the ledger runs on.
-func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }
+// Pool returns the pool the ledger runs on, or nil for a ledger on several shards
+// ([NewSharded]), whose pools [Ledger.Router] gives.
+func (l *Ledger) Pool() *pgxpool.Pool {
+	if s := l.r.Shards(); len(s) == 1 {
+		return s[0].Pool
+	}
+	return nil
+}
 
 // Schema returns the schema the ledger's table lives in.
 func (l *Ledger) Schema() string { return l.cfg.Schema }
@@ -187,7 +198,11 @@ func (l *Ledger) checkResponse(resp Response) error {
 // Get returns the record of key in scope, expired or not, for operators and tests. It
 // returns [ErrNotFound] when there is none.
 func (l *Ledger) Get(ctx context.Context, scope keys.Scope, key keys.Key) (*Record, error) {
-	return l.get(ctx, l.pool, scope, key)
+	pool, err := l.r.Pool(scope.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	return l.get(ctx, pool, scope, key)
 }
 
 // GetTx is [Ledger.Get] inside the caller's transaction.

@@ -5,13 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/shard"
 )
 
 // Operator calls: what the oncekit command runs for an on-call engineer. They read and
@@ -79,8 +82,31 @@ func (l *Ledger) List(ctx context.Context, opts *ListOpts) ([]Record, error) {
 		after = &o.After.CreatedAt
 		afterTenant, afterOp, afterKey = o.After.Scope.Tenant, o.After.Scope.Operation, string(o.After.Key)
 	}
-	rows, err := l.pool.Query(ctx, l.q.list, string(o.State), o.Operation, o.Tenant, o.OlderThan.Seconds(), o.Stuck, o.Limit, l.now(),
-		o.KeyPrefix, patterns, optionalTime(o.CreatedAfter), optionalTime(o.CreatedBefore), after, afterTenant, afterOp, afterKey)
+	args := []any{string(o.State), o.Operation, o.Tenant, o.OlderThan.Seconds(), o.Stuck, o.Limit, l.now(),
+		o.KeyPrefix, patterns, optionalTime(o.CreatedAfter), optionalTime(o.CreatedBefore), after, afterTenant, afterOp, afterKey}
+	if o.Tenant != "" {
+		pool, err := l.r.Pool(o.Tenant)
+		if err != nil {
+			return nil, err
+		}
+		return l.listOn(ctx, pool, args)
+	}
+	var recs []Record
+	err := l.r.Each(func(s shard.Shard) error {
+		page, err := l.listOn(ctx, s.Pool, args)
+		recs = append(recs, page...)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Each shard's page is in order; merged, the newest o.Limit of them are the page.
+	slices.SortStableFunc(recs, newestFirst)
+	return recs[:min(len(recs), o.Limit)], nil
+}
+
+func (l *Ledger) listOn(ctx context.Context, pool *pgxpool.Pool, args []any) ([]Record, error) {
+	rows, err := pool.Query(ctx, l.q.list, args...)
 	if err != nil {
 		return nil, fmt.Errorf("oncekit/ledger: list: %w", err)
 	}
@@ -124,9 +150,15 @@ type Stats struct {
 // Stats counts the ledger's records.
 func (l *Ledger) Stats(ctx context.Context) (Stats, error) {
 	s := Stats{ByState: map[State]map[string]int64{}}
-	rows, err := l.pool.Query(ctx, l.q.stats, l.now())
+	err := l.r.Each(func(sh shard.Shard) error { return l.statsOn(ctx, sh.Pool, &s) })
+	return s, err
+}
+
+// statsOn adds the counts of the records on pool to s.
+func (l *Ledger) statsOn(ctx context.Context, pool *pgxpool.Pool, s *Stats) error {
+	rows, err := pool.Query(ctx, l.q.stats, l.now())
 	if err != nil {
-		return s, fmt.Errorf("oncekit/ledger: stats: %w", err)
+		return fmt.Errorf("oncekit/ledger: stats: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -134,12 +166,12 @@ func (l *Ledger) Stats(ctx context.Context) (Stats, error) {
 		var n, stuck, expired, purgeable int64
 		var oldest *time.Time
 		if err := rows.Scan(&state, &op, &n, &oldest, &stuck, &expired, &purgeable); err != nil {
-			return s, fmt.Errorf("oncekit/ledger: stats: %w", err)
+			return fmt.Errorf("oncekit/ledger: stats: %w", err)
 		}
 		if s.ByState[State(state)] == nil {
 			s.ByState[State(state)] = map[string]int64{}
 		}
-		s.ByState[State(state)][op] = n
+		s.ByState[State(state)][op] += n
 		if oldest != nil && (s.OldestPending.IsZero() || oldest.Before(s.OldestPending)) {
 			s.OldestPending = *oldest
 		}
@@ -148,9 +180,9 @@ func (l *Ledger) Stats(ctx context.Context) (Stats, error) {
 		s.Purgeable += purgeable
 	}
 	if err := rows.Err(); err != nil {
-		return s, fmt.Errorf("oncekit/ledger: stats: %w", err)
+		return fmt.Errorf("oncekit/ledger: stats: %w", err)
 	}
-	return s, nil
+	return nil
 }
 
 // ForceRelease deletes the pending record of key in scope, whoever owns it, so that the
@@ -178,7 +210,11 @@ func (l *Ledger) operate(ctx context.Context, sql string, scope keys.Scope, key 
 	if err := key.ValidateLen(l.cfg.MaxKeyLen); err != nil {
 		return false, err
 	}
-	tag, err := l.pool.Exec(ctx, sql, scope.Tenant, scope.Operation, string(key))
+	pool, err := l.r.Pool(scope.Tenant)
+	if err != nil {
+		return false, err
+	}
+	tag, err := pool.Exec(ctx, sql, scope.Tenant, scope.Operation, string(key))
 	if err != nil {
 		return false, fmt.Errorf("oncekit/ledger: %s in %s: %w", quoteKey(key), scope, err)
 	}
@@ -335,8 +371,12 @@ func (l *Ledger) Change(ctx context.Context, action Action, scope keys.Scope, ke
 	if !auditText(o.Actor, MaxActorLen) || !auditText(o.Reason, MaxReasonLen) {
 		return AuditEntry{}, fmt.Errorf("%w: each must be valid UTF-8 without NUL, 1 to %d and %d bytes", ErrNoReason, MaxActorLen, MaxReasonLen)
 	}
+	pool, err := l.r.Pool(scope.Tenant)
+	if err != nil {
+		return AuditEntry{}, err
+	}
 	var entry AuditEntry
-	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		r := &Record{Scope: scope, Key: key}
 		var sc recordScan
 		err := tx.QueryRow(ctx, l.q.changeLock, scope.Tenant, scope.Operation, string(key), l.now()).Scan(sc.dest(r)...)
@@ -389,7 +429,11 @@ func (l *Ledger) Audit(ctx context.Context, scope keys.Scope, key keys.Key) ([]A
 	if err := key.ValidateLen(l.cfg.MaxKeyLen); err != nil {
 		return nil, err
 	}
-	rows, err := l.pool.Query(ctx, l.q.audit, scope.Tenant, scope.Operation, string(key))
+	pool, err := l.r.Pool(scope.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := pool.Query(ctx, l.q.audit, scope.Tenant, scope.Operation, string(key))
 	if err != nil {
 		return nil, fmt.Errorf("oncekit/ledger: audit of %s in %s: %w", quoteKey(key), scope, err)
 	}
@@ -459,6 +503,11 @@ func auditText(s string, max int) bool {
 // pendingCounts counts pending records whose lease is live and those whose lease ran
 // out, for the oncekit.ledger.pending gauge.
 func (l *Ledger) pendingCounts(ctx context.Context) (live, expired int64, err error) {
-	err = l.pool.QueryRow(ctx, l.q.pending, l.now()).Scan(&live, &expired)
+	err = l.r.Each(func(s shard.Shard) error {
+		var lv, ex int64
+		err := s.Pool.QueryRow(ctx, l.q.pending, l.now()).Scan(&lv, &ex)
+		live, expired = live+lv, expired+ex
+		return err
+	})
 	return live, expired, err
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekit/oncekit/shard"
 )
 
 // PurgeBatchDefault is how many records one purge statement deletes at most.
@@ -33,12 +35,19 @@ type PurgeResult struct {
 	Batches int
 }
 
-// Purge deletes expired records in batches, oldest first. Records whose lease is still
+// Purge deletes expired records in batches, oldest first, on every shard in turn. Records whose lease is still
 // live are kept. Many purgers may run at once, on many nodes: each batch skips rows
 // another purger has locked. Expiry does not wait for the purge: an expired record
 // already counts as absent.
 func (l *Ledger) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
-	return l.purge(ctx, l.pool, opts)
+	var res PurgeResult
+	err := l.r.Each(func(s shard.Shard) error {
+		r, err := l.purge(ctx, s.Pool, opts)
+		res.Deleted += r.Deleted
+		res.Batches += r.Batches
+		return err
+	})
+	return res, err
 }
 
 // PurgeTx is [Ledger.Purge] inside the caller's transaction.

@@ -14,6 +14,7 @@ import (
 	"github.com/oncekit/oncekit/internal/migrate"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/outbox"
+	"github.com/oncekit/oncekit/shard"
 	"github.com/oncekit/oncekit/webhook"
 )
 
@@ -62,6 +63,19 @@ func Up(ctx context.Context, db interface {
 		res.Applied = append(res.Applied, Applied{Line: f.Line, Version: f.Version, Name: f.Name})
 	}
 	return res, err
+}
+
+// UpShards runs [Up] on every shard of r in turn, each in its own transactions, and
+// returns what it applied by shard name. A shard that fails does not stop the others;
+// the error names it, and running UpShards again finishes its work.
+func UpShards(ctx context.Context, r *shard.Router, schema string) (map[string]Result, error) {
+	results := map[string]Result{}
+	err := r.Each(func(s shard.Shard) error {
+		res, err := Up(ctx, s.Pool, schema)
+		results[s.Name] = res
+		return err
+	})
+	return results, err
 }
 
 // Versions returns the newest applied version of each migration line in schema (default

@@ -165,6 +165,9 @@ func NewDispatcher(o *Outbox, pub Publisher, cfg *DispatcherConfig) (*Dispatcher
 	if o == nil || pub == nil {
 		return nil, errors.New("oncekit/outbox: NewDispatcher needs an outbox and a publisher")
 	}
+	if o.shards != nil {
+		return nil, fmt.Errorf("%w: the outbox is on %d shards, and a dispatcher runs on one: make one per shard, each on o.Shard(name)", ErrInvalidConfig, len(o.shards))
+	}
 	c := DispatcherConfig{}
 	if cfg != nil {
 		c = *cfg

@@ -88,6 +88,21 @@ type EventRecord struct {
 
 // Get returns the event with id, whatever its state, or [ErrEventNotFound].
 func (o *Outbox) Get(ctx context.Context, id uuid.UUID) (*EventRecord, error) {
+	if o.shards != nil {
+		var found *EventRecord
+		err := o.each(func(v *Outbox) error {
+			e, err := v.Get(ctx, id)
+			if errors.Is(err, ErrEventNotFound) {
+				return nil
+			}
+			found = e
+			return err
+		})
+		if found == nil && err == nil {
+			err = ErrEventNotFound
+		}
+		return found, err
+	}
 	var e EventRecord
 	var key, lastError *string
 	var publishedAt, lockedUntil *time.Time
@@ -136,6 +151,9 @@ func (o *Outbox) ListDead(ctx context.Context, opts *DeadOpts) ([]DeadEvent, err
 	c := config.Of(opts)
 	if c.Limit < 0 {
 		return nil, fmt.Errorf("oncekit/outbox: DeadOpts.Limit %d is negative", c.Limit)
+	}
+	if o.shards != nil {
+		return o.oldestDead(config.Or(c.Limit, DeadLimitDefault), func(v *Outbox) ([]DeadEvent, error) { return v.ListDead(ctx, opts) })
 	}
 	rows, err := o.pool.Query(ctx, `SELECT id, topic, coalesce(ordering_key, ''), payload, attempts, created_at, coalesce(last_error, '')
 		FROM `+o.t+` WHERE state = 'dead' AND ($1 = '' OR topic = $1) ORDER BY seq LIMIT $2`, c.Topic, config.Or(c.Limit, DeadLimitDefault))
@@ -186,6 +204,9 @@ func (o *Outbox) RetryDead(ctx context.Context, opts *RetryDeadOpts) ([]uuid.UUI
 	}
 	if len(c.IDs) > MaxRetryDead {
 		return nil, fmt.Errorf("oncekit/outbox: %d events to retry, more than MaxRetryDead (%d): retry them in parts", len(c.IDs), MaxRetryDead)
+	}
+	if o.shards != nil {
+		return o.retryDeadAcross(ctx, c)
 	}
 	var retried []uuid.UUID
 	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
@@ -301,7 +322,13 @@ func (o *Outbox) Purgeable(ctx context.Context, opts *PurgeOpts) (int64, error) 
 	}
 	before := time.Now().Add(-config.Or(c.PublishedRetention, PublishedRetentionDefault))
 	var n int64
-	if err := o.pool.QueryRow(ctx, `SELECT count(*) FROM `+o.t+` WHERE state = 'published' AND published_at < $1`, before).Scan(&n); err != nil {
+	err := o.each(func(v *Outbox) error {
+		var k int64
+		err := v.pool.QueryRow(ctx, `SELECT count(*) FROM `+v.t+` WHERE state = 'published' AND published_at < $1`, before).Scan(&k)
+		n += k
+		return err
+	})
+	if err != nil {
 		return 0, fmt.Errorf("oncekit/outbox: count purgeable events: %w", err)
 	}
 	return n, nil

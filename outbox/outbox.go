@@ -22,6 +22,7 @@ import (
 
 	"github.com/oncekit/oncekit/internal/config"
 	"github.com/oncekit/oncekit/internal/pgsql"
+	"github.com/oncekit/oncekit/shard"
 )
 
 // Event is one message to publish.
@@ -70,7 +71,10 @@ type Config struct {
 
 // Outbox enqueues and inspects events.
 type Outbox struct {
-	pool    *pgxpool.Pool
+	pool *pgxpool.Pool // nil on several shards
+	// shards are the outbox of each shard, for an outbox made by NewSharded.
+	shards  []*Outbox
+	name    string // the shard's name, on a shard's outbox
 	schema  string
 	t       string
 	channel string
@@ -85,12 +89,28 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 	if pool == nil {
 		return nil, errors.New("oncekit/outbox: New needs a pool")
 	}
+	return newOutbox(shard.Single(pool), cfg)
+}
+
+func newOutbox(r *shard.Router, cfg *Config) (*Outbox, error) {
 	c := config.Of(cfg)
 	schema := config.Or(c.Schema, SchemaDefault)
-	o := &Outbox{pool: pool, schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(), channel: channelName(schema)}
+	o := &Outbox{schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(), channel: channelName(schema)}
+	if shards := r.Shards(); len(shards) == 1 {
+		o.pool, o.name = shards[0].Pool, shards[0].Name
+	} else {
+		for _, s := range shards {
+			view := *o
+			view.pool, view.name, view.shards = s.Pool, s.Name, nil
+			o.shards = append(o.shards, &view)
+		}
+	}
 	var err error
 	if o.tel, err = newTelemetry(&c, o); err != nil {
 		return nil, fmt.Errorf("oncekit/outbox: create the instruments: %w", err)
+	}
+	for _, view := range o.shards {
+		view.tel = o.tel
 	}
 	return o, nil
 }
@@ -299,6 +319,9 @@ func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("oncekit/outbox: Dead needs a positive limit, got %d", limit)
 	}
+	if o.shards != nil {
+		return o.oldestDead(limit, func(v *Outbox) ([]DeadEvent, error) { return v.Dead(ctx, limit) })
+	}
 	rows, err := o.pool.Query(ctx, `SELECT id, topic, coalesce(ordering_key, ''), payload, attempts, created_at, coalesce(last_error, '')
 		FROM `+o.t+` WHERE state = 'dead' ORDER BY seq LIMIT $1`, limit)
 	if err != nil {
@@ -320,6 +343,15 @@ func (o *Outbox) Dead(ctx context.Context, limit int) ([]DeadEvent, error) {
 // those in flight, never alongside them. Like Enqueue, it takes its ordering key's lock,
 // so it waits for a producer of the key whose transaction is open.
 func (o *Outbox) Retry(ctx context.Context, id uuid.UUID) (bool, error) {
+	if o.shards != nil {
+		retried := false
+		err := o.each(func(v *Outbox) error {
+			ok, err := v.Retry(ctx, id)
+			retried = retried || ok
+			return err
+		})
+		return retried, err
+	}
 	retried := false
 	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		var key *string
@@ -378,7 +410,12 @@ type Stats struct{ Pending, Published, Dead int }
 // dead events: its cost follows the backlog, not the published events the table keeps
 // until they are purged.
 func (o *Outbox) backlog(ctx context.Context) (pending, dead int64, err error) {
-	err = o.pool.QueryRow(ctx, o.backlogSQL()).Scan(&pending, &dead)
+	err = o.each(func(v *Outbox) error {
+		var p, d int64
+		err := v.pool.QueryRow(ctx, v.backlogSQL()).Scan(&p, &d)
+		pending, dead = pending+p, dead+d
+		return err
+	})
 	return pending, dead, err
 }
 
@@ -389,8 +426,13 @@ func (o *Outbox) backlogSQL() string {
 // Stats counts the events in each state.
 func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 	var s Stats
-	err := o.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'published'),
-		count(*) FILTER (WHERE state = 'dead') FROM `+o.t).Scan(&s.Pending, &s.Published, &s.Dead)
+	err := o.each(func(v *Outbox) error {
+		var n Stats
+		err := v.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'published'),
+			count(*) FILTER (WHERE state = 'dead') FROM `+v.t).Scan(&n.Pending, &n.Published, &n.Dead)
+		s.Pending, s.Published, s.Dead = s.Pending+n.Pending, s.Published+n.Published, s.Dead+n.Dead
+		return err
+	})
 	return s, err
 }
 
@@ -429,8 +471,8 @@ type PurgeResult struct {
 	Batches int
 }
 
-// Purge deletes published events older than the retention, in batches, oldest first;
-// many purgers may run at once. Pending and dead events are never purged.
+// Purge deletes published events older than the retention, in batches, oldest first,
+// on every shard in turn; many purgers may run at once. Pending and dead events are never purged.
 func (o *Outbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
 	c := config.Of(opts)
 	if c.PublishedRetention < 0 || c.BatchSize < 0 || c.MaxBatches < 0 || c.Pause < 0 {
@@ -438,9 +480,12 @@ func (o *Outbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error
 	}
 	before := time.Now().Add(-config.Or(c.PublishedRetention, PublishedRetentionDefault))
 	var res PurgeResult
-	var err error
-	res.Deleted, res.Batches, err = o.purgeSQL().Run(ctx, o.pool, config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, c.Pause, before)
-	o.tel.purge(ctx, res.Deleted)
+	err := o.each(func(v *Outbox) error {
+		deleted, batches, err := v.purgeSQL().Run(ctx, v.pool, config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, c.Pause, before)
+		res.Deleted, res.Batches = res.Deleted+deleted, res.Batches+batches
+		o.tel.purge(ctx, deleted)
+		return err
+	})
 	if err != nil {
 		return res, fmt.Errorf("oncekit/outbox: purge: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/shard"
 )
 
 // Defaults of [Config].
@@ -138,6 +139,8 @@ type SchemaError struct {
 	// Line is the migration line that creates it: ledger.MigrationLine or
 	// [MigrationLine].
 	Line string
+	// Shard names the shard that lacks it, for a ledger on named shards; "" otherwise.
+	Shard string
 }
 
 func (e *SchemaError) Error() string {
@@ -145,8 +148,8 @@ func (e *SchemaError) Error() string {
 	if e.Line == MigrationLine {
 		files = "webhook.Migrations() (after ledger.Migrations())"
 	}
-	return fmt.Sprintf("oncekit/webhook: schema %q has no table %s: run migrate.Up(ctx, pool, %q), or apply %s with your migration tool",
-		e.Schema, e.Table, e.Schema, files)
+	return fmt.Sprintf("oncekit/webhook: schema %q%s has no table %s: run migrate.Up(ctx, pool, %q), or apply %s with your migration tool",
+		e.Schema, onShard(shard.Shard{Name: e.Shard}), e.Table, e.Schema, files)
 }
 
 // Is matches [ErrSchema].
@@ -155,20 +158,37 @@ func (e *SchemaError) Is(target error) bool { return target == ErrSchema }
 // checkSchema makes sure the ledger's schema has the receiver's tables, so a receiver
 // that lacks them is refused when it is made rather than answering 500 to deliveries.
 func checkSchema(ctx context.Context, l *ledger.Ledger) error {
-	tables := []struct{ name, line string }{{"idempotency_records", ledger.MigrationLine}, {"entity_versions", MigrationLine}}
-	var found [2]bool
-	err := l.Pool().QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
-		pgx.Identifier{l.Schema(), tables[0].name}.Sanitize(), pgx.Identifier{l.Schema(), tables[1].name}.Sanitize()).
-		Scan(&found[0], &found[1])
-	if err != nil {
-		return fmt.Errorf("oncekit/webhook: check the schema %q: %w", l.Schema(), err)
-	}
-	for i, t := range tables {
-		if !found[i] {
-			return &SchemaError{Schema: l.Schema(), Table: t.name, Line: t.line}
+	for _, sh := range l.Router().Shards() {
+		if err := checkShardSchema(ctx, l.Schema(), sh); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+func checkShardSchema(ctx context.Context, schema string, sh shard.Shard) error {
+	tables := []struct{ name, line string }{{"idempotency_records", ledger.MigrationLine}, {"entity_versions", MigrationLine}}
+	var found [2]bool
+	err := sh.Pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+		pgx.Identifier{schema, tables[0].name}.Sanitize(), pgx.Identifier{schema, tables[1].name}.Sanitize()).
+		Scan(&found[0], &found[1])
+	if err != nil {
+		return fmt.Errorf("oncekit/webhook: check the schema %q%s: %w", schema, onShard(sh), err)
+	}
+	for i, t := range tables {
+		if !found[i] {
+			return &SchemaError{Schema: schema, Table: t.name, Line: t.line, Shard: sh.Name}
+		}
+	}
+	return nil
+}
+
+// onShard names a shard in a message, when the ledger has named ones.
+func onShard(sh shard.Shard) string {
+	if sh.Name == "" {
+		return ""
+	}
+	return fmt.Sprintf(" on shard %q", sh.Name)
 }
 
 // New returns the webhook endpoint. It checks that the ledger's schema has the

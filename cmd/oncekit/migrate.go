@@ -21,7 +21,7 @@ func (a *app) migrateCommand() *cobra.Command {
 once. A schema a newer oncekit migrated is refused. --print prints the same as one plain SQL
 script, safe to run more than once, for psql or another migration tool.`,
 		Args: args(0, ""),
-		RunE: runE(func(*cobra.Command, []string) error { return a.migrate(print) }),
+		RunE: a.runE(func(*cobra.Command, []string) error { return a.migrate(print) }),
 	}
 	cmd.Flags().BoolVar(&print, "print", false, "print the SQL instead of applying it")
 	cmd.AddCommand(&cobra.Command{
@@ -31,7 +31,7 @@ script, safe to run more than once, for psql or another migration tool.`,
 and the files it lacks, which migrate applies, and any file a newer oncekit applied that
 this build does not know.`,
 		Args: args(0, ""),
-		RunE: runE(func(*cobra.Command, []string) error { return a.migrateStatus() }),
+		RunE: a.runE(func(*cobra.Command, []string) error { return a.migrateStatus() }),
 	})
 	return cmd
 }

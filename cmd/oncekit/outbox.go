@@ -28,7 +28,7 @@ func (a *app) outboxCommand() *cobra.Command {
 		Use:   "outbox",
 		Short: "Inspect the outbox's events, list and retry dead ones, purge published ones",
 		Args:  args(0, ""),
-		RunE: runE(func(cmd *cobra.Command, _ []string) error {
+		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
 			return usageError{"outbox needs a subcommand: inspect, dead, retry or purge"}
 		}),
 	}
@@ -37,7 +37,7 @@ func (a *app) outboxCommand() *cobra.Command {
 		Use:   "inspect ID",
 		Short: "Show one event: state, attempts, last error, trace",
 		Args:  args(1, "an event ID"),
-		RunE:  runE(func(_ *cobra.Command, args []string) error { return a.outboxInspect(args[0], showBody) }),
+		RunE:  a.runE(func(_ *cobra.Command, args []string) error { return a.outboxInspect(args[0], showBody) }),
 	}
 	inspect.Flags().BoolVar(&showBody, "show-body", false, "print the payload (it may hold customer data); without it, its size")
 
@@ -48,7 +48,7 @@ func (a *app) outboxCommand() *cobra.Command {
 		Short: "List dead events, oldest first",
 		Long:  "outbox dead lists the events that kept failing and are no longer published, oldest first, with their last error.",
 		Args:  args(0, ""),
-		RunE:  runE(func(*cobra.Command, []string) error { return a.outboxDead(topic, limit) }),
+		RunE:  a.runE(func(*cobra.Command, []string) error { return a.outboxDead(topic, limit) }),
 	}
 	dead.Flags().StringVar(&topic, "topic", "", "only this topic's events")
 	dead.Flags().IntVar(&limit, "limit", outbox.DeadLimitDefault, fmt.Sprintf("at most this many events, 1 to %d", maxListLimit))
@@ -61,7 +61,7 @@ func (a *app) outboxCommand() *cobra.Command {
 them. It retries the IDs given, or every dead event of --topic, or with --all every dead
 event, in one transaction: if one of the IDs is not dead, none is retried. --topic and
 --all show what they would retry and change nothing without --yes.`,
-		RunE: runE(func(_ *cobra.Command, args []string) error { return a.outboxRetry(args, rt) }),
+		RunE: a.runE(func(_ *cobra.Command, args []string) error { return a.outboxRetry(args, rt) }),
 	}
 	retry.Flags().StringVar(&rt.topic, "topic", "", "retry every dead event of this topic")
 	retry.Flags().BoolVar(&rt.all, "all", false, "retry every dead event")
@@ -73,7 +73,7 @@ event, in one transaction: if one of the IDs is not dead, none is retried. --top
 		Short: "Delete events published longer ago than --published-retention, in batches",
 		Long:  "outbox purge deletes published events older than --published-retention, in batches; without --yes it counts them. Pending and dead events are never purged.",
 		Args:  args(0, ""),
-		RunE: runE(func(*cobra.Command, []string) error {
+		RunE: a.runE(func(*cobra.Command, []string) error {
 			if err := p.check(); err != nil {
 				return err
 			}
@@ -303,13 +303,13 @@ func (a *app) inboxCommand() *cobra.Command {
 		Use:   "inbox",
 		Short: "Count the inbox's records by subscriber, purge expired ones",
 		Args:  args(0, ""),
-		RunE:  runE(func(*cobra.Command, []string) error { return usageError{"inbox needs a subcommand: status or purge"} }),
+		RunE:  a.runE(func(*cobra.Command, []string) error { return usageError{"inbox needs a subcommand: status or purge"} }),
 	}
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "Count each subscriber's records: processed, rejected, expired, last received",
 		Args:  args(0, ""),
-		RunE: runE(func(*cobra.Command, []string) error {
+		RunE: a.runE(func(*cobra.Command, []string) error {
 			in, err := a.inbox()
 			if err != nil {
 				return err
@@ -333,7 +333,7 @@ func (a *app) inboxCommand() *cobra.Command {
 		Short: "Delete expired inbox records, in batches",
 		Long:  "inbox purge deletes the records past their retention, in batches; without --yes it counts them. An expired record already counts as absent.",
 		Args:  args(0, ""),
-		RunE: runE(func(*cobra.Command, []string) error {
+		RunE: a.runE(func(*cobra.Command, []string) error {
 			if err := p.check(); err != nil {
 				return err
 			}

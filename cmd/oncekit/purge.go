@@ -74,7 +74,7 @@ records (inbox_messages), and the outbox's events published longer ago than
 --published-retention (outbox_events). Without --yes it counts them and deletes nothing.
 Expired records already count as absent: purging only frees space.`,
 		Args: args(0, ""),
-		RunE: runE(func(*cobra.Command, []string) error {
+		RunE: a.runE(func(*cobra.Command, []string) error {
 			if err := p.check(); err != nil {
 				return err
 			}

@@ -131,7 +131,7 @@ provider about), the stored result (the body's size and SHA-256; the body itself
 --show-body), and the audit rows of every release and eviction of the key, kept even when
 the record is gone.`,
 		Args: args(3, "TENANT OPERATION KEY"),
-		RunE: runE(func(_ *cobra.Command, args []string) error {
+		RunE: a.runE(func(_ *cobra.Command, args []string) error {
 			if _, err := keys.Derive("k", purpose); err != nil {
 				return usageError{fmt.Sprintf("--purpose: %v", err)}
 			}
@@ -431,7 +431,7 @@ a saga's default key holds its workflow ID and original run ID. When more record
 than --limit, list says so and prints the --after cursor of the next page (in JSON,
 next_cursor). It reads the table: on a large one, narrow by --tenant and --operation.`,
 		Args: args(0, ""),
-		RunE: runE(func(*cobra.Command, []string) error { return a.list(&f) }),
+		RunE: a.runE(func(*cobra.Command, []string) error { return a.list(&f) }),
 	}
 	f.register(cmd.Flags(), true)
 	return cmd
@@ -506,7 +506,7 @@ func (a *app) changeCommand(action ledger.Action) *cobra.Command {
 			}
 			return nil
 		},
-		RunE: runE(func(_ *cobra.Command, args []string) error {
+		RunE: a.runE(func(_ *cobra.Command, args []string) error {
 			if who == "" {
 				who = actor()
 			}

@@ -44,6 +44,10 @@ type app struct {
 	databaseURL string
 	schema      string
 	json        bool
+	shardURLs   []string // --shard-url, NAME=URL each
+	only        string   // --shard
+	shard       string   // the shard the command runs on now, when there are shards
+	headings    int      // shard headings printed
 
 	pool *pgxpool.Pool
 }
@@ -87,29 +91,41 @@ func (a *app) exit(cmd *cobra.Command, err error) int {
 		return exitOK
 	}
 	var (
-		ran   ranError
-		usage usageError
-		ee    exitError
+		ran    ranError
+		usage  usageError
+		ee     exitError
+		silent silentExit
+		on     shardError
 	)
+	if errors.As(err, &silent) {
+		return silent.code
+	}
 	help := "oncekit --help"
 	if cmd != nil {
 		help = cmd.CommandPath() + " --help"
+	}
+	prefix := "oncekit: "
+	if errors.As(err, &on) {
+		prefix += "shard " + on.shard + ": "
 	}
 	switch {
 	case !errors.As(err, &ran), errors.As(err, &usage):
 		fmt.Fprintf(a.errOut, "oncekit: %v\n(%s describes the command and its flags)\n", oneLine(err.Error()), help)
 		return exitUsage
 	case errors.As(err, &ee):
-		fmt.Fprintf(a.errOut, "oncekit: %s\n", ee.msg)
+		fmt.Fprintf(a.errOut, "%s%s\n", prefix, ee.msg)
 		return ee.code
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined_table, invalid_schema_name
-		fmt.Fprintf(a.errOut, "oncekit: schema %q lacks a table this command reads (%s): run `oncekit migrate`, or name the schema oncekit's tables are in with --schema\n",
-			a.schema, oneLine(pgErr.Message))
+		fmt.Fprintf(a.errOut, "%sschema %q lacks a table this command reads (%s): run `oncekit migrate`, or name the schema oncekit's tables are in with --schema\n",
+			prefix, a.schema, oneLine(pgErr.Message))
 		return exitSchema
 	}
-	fmt.Fprintf(a.errOut, "oncekit: %v\n", oneLine(err.Error()))
+	if on.err != nil {
+		err = on.err
+	}
+	fmt.Fprintf(a.errOut, "%s%v\n", prefix, oneLine(err.Error()))
 	return exitFailed
 }
 
@@ -129,7 +145,9 @@ record whose lease is live is released only with --force; each release and evict
 needs --reason and keeps an audit row that inspect shows.
 
 The database is --database-url, or DATABASE_URL, or, when neither is set, what the PG*
-variables (PGHOST, PGUSER, PGDATABASE, ...) and ~/.pgpass say, as for psql.
+variables (PGHOST, PGUSER, PGDATABASE, ...) and ~/.pgpass say, as for psql. With shards
+(--shard-url NAME=URL, repeated, or ONCEKIT_SHARDS), each command runs on every shard in
+turn under a "== shard NAME ==" heading, or on --shard NAME alone.
 
 ` + exitCodes,
 		SilenceErrors:     true,
@@ -143,19 +161,29 @@ variables (PGHOST, PGUSER, PGDATABASE, ...) and ~/.pgpass say, as for psql.
 	pf.StringVar(&a.databaseURL, "database-url", "", "the database, such as postgres://user@host:5432/db (default: DATABASE_URL, else the PG* variables and ~/.pgpass)")
 	pf.StringVar(&a.schema, "schema", ledger.SchemaDefault, "the schema holding oncekit's tables")
 	pf.BoolVar(&a.json, "json", false, "print JSON (snake_case keys, [] for empty lists) for scripts")
+	pf.StringArrayVar(&a.shardURLs, "shard-url", nil, "a shard, as NAME=URL; repeat it for each shard, and each command runs on every shard in turn (default: ONCEKIT_SHARDS, NAME=URL entries separated by semicolons)")
+	pf.StringVar(&a.only, "shard", "", "run on this shard alone, one of those --shard-url or ONCEKIT_SHARDS name")
 	root.AddCommand(a.migrateCommand(), a.statusCommand(), a.inspectCommand(), a.listCommand(),
 		a.changeCommand(ledger.ActionRelease), a.changeCommand(ledger.ActionEvict), a.purgeCommand(),
 		a.outboxCommand(), a.inboxCommand(), a.versionCommand())
 	return root
 }
 
-// runE adapts a command's function: its errors are marked as its own.
-func runE(fn func(cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+// runE adapts a command's function: its errors are marked as its own. With shards
+// (--shard-url or ONCEKIT_SHARDS) it runs once per shard, or on --shard alone.
+func (a *app) runE(fn func(cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		if err := fn(cmd, args); err != nil {
-			return ranError{err}
+		shards, err := a.shards()
+		if err != nil {
+			return err
 		}
-		return nil
+		if len(shards) == 0 {
+			if err := fn(cmd, args); err != nil {
+				return ranError{err}
+			}
+			return nil
+		}
+		return a.onShards(cmd, shards, func() error { return fn(cmd, args) })
 	}
 }
 
@@ -221,8 +249,18 @@ func (a *app) open() error {
 	if err != nil {
 		return err
 	}
+	if a.shard != "" && !a.json {
+		if a.headings > 0 {
+			fmt.Fprintln(a.out)
+		}
+		a.headings++
+		fmt.Fprintf(a.out, "== shard %s ==\n", a.shard)
+	}
 	if err := pool.Ping(a.ctx); err != nil {
 		pool.Close()
+		if a.shard != "" {
+			return fmt.Errorf("cannot reach shard %q (is it running, and is its --shard-url or ONCEKIT_SHARDS entry right?): %w", a.shard, err)
+		}
 		return fmt.Errorf("cannot reach the database (is it running, and are --database-url or DATABASE_URL, or the PG* variables, right?): %w", err)
 	}
 	a.pool = pool

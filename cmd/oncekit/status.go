@@ -23,7 +23,7 @@ func (a *app) statusCommand() *cobra.Command {
 oldest pending record, the pending records whose lease ran out (stuck) and the expired
 records a purge deletes; the outbox's events by state; the inbox's records.`,
 		Args: args(0, ""),
-		RunE: runE(func(*cobra.Command, []string) error { return a.status() }),
+		RunE: a.runE(func(*cobra.Command, []string) error { return a.status() }),
 	}
 }
 

@@ -54,7 +54,7 @@ func (a *app) versionCommand() *cobra.Command {
 		Use:   "version",
 		Short: "Print the command's and the library's versions, and the migrations this build knows",
 		Args:  args(0, ""),
-		RunE: runE(func(*cobra.Command, []string) error {
+		RunE: a.runE(func(*cobra.Command, []string) error {
 			command, library := moduleVersions()
 			known := map[string]int{}
 			ms, err := migrate.Known()

@@ -21,6 +21,7 @@ var rules = map[string][]string{
 	"saga":                  {"github.com/jackc/pgx", mod + "ledger", mod + "testsuite"},
 	"policy":                {"github.com/jackc/pgx", mod + "ledger", mod + "testsuite"},
 	"ledger":                {"go.temporal.io/", mod + "testsuite"},
+	"shard":                 {"go.temporal.io/", mod + "ledger", mod + "testsuite"},
 	"idempotency":           {"go.temporal.io/", mod + "testsuite"},
 	"webhook":               {"go.temporal.io/", mod + "testsuite"},
 	"inbox":                 {"go.temporal.io/", mod + "testsuite"},

@@ -122,11 +122,17 @@ func OwnCluster(tb testing.TB) *Cluster {
 // at cleanup.
 func NewSchema(tb testing.TB) (*pgxpool.Pool, string) {
 	tb.Helper()
+	return NewSchemaOn(tb, URL(tb))
+}
+
+// NewSchemaOn is [NewSchema] on the server at url, such as an [ExtraCluster].
+func NewSchemaOn(tb testing.TB, url string) (*pgxpool.Pool, string) {
+	tb.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	schema := "t_" + hex.EncodeToString(b[:])
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, URL(tb))
+	admin, err := pgx.Connect(ctx, url)
 	if err != nil {
 		tb.Fatalf("pgtest: connect: %v", err)
 	}
@@ -134,10 +140,10 @@ func NewSchema(tb testing.TB) (*pgxpool.Pool, string) {
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		tb.Fatalf("pgtest: create schema: %v", err)
 	}
-	pool := Pool(tb, schema, nil)
+	pool := poolOn(tb, url, schema, nil)
 	tb.Cleanup(func() {
 		pool.Close()
-		conn, err := pgx.Connect(ctx, URL(tb))
+		conn, err := pgx.Connect(ctx, url)
 		if err != nil {
 			tb.Logf("pgtest: drop schema %s: %v", schema, err)
 			return
@@ -150,12 +156,30 @@ func NewSchema(tb testing.TB) (*pgxpool.Pool, string) {
 	return pool, schema
 }
 
+// ExtraCluster starts a throwaway cluster of its own for one test, beside the test
+// server, of the same PostgreSQL major (ONCEKIT_PG_VERSION, or the machine's); it is
+// removed at cleanup. Tests of shards take one as their second shard, and may crash it.
+func ExtraCluster(tb testing.TB) *Cluster {
+	tb.Helper()
+	c, err := StartCluster(context.Background(), nil)
+	if err != nil {
+		tb.Fatalf("pgtest: start a cluster: %v", err)
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // Pool opens a pool on the test server with search_path set to schema. configure, when
 // not nil, may change the configuration before the pool is made. The pool is closed at
 // cleanup.
 func Pool(tb testing.TB, schema string, configure func(*pgxpool.Config)) *pgxpool.Pool {
 	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(URL(tb))
+	return poolOn(tb, URL(tb), schema, configure)
+}
+
+func poolOn(tb testing.TB, url, schema string, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		tb.Fatalf("pgtest: parse URL: %v", err)
 	}
@@ -208,4 +232,31 @@ func execModeName(m pgx.QueryExecMode) string {
 	default:
 		return "SimpleProtocol"
 	}
+}
+
+// Shards makes a schema of one name on the test server and on n-1 [ExtraCluster]s, for
+// tests of a router over independent clusters, and returns a pool on each (the test
+// server's first) and the clusters started.
+func Shards(tb testing.TB, n int) ([]*pgxpool.Pool, string, []*Cluster) {
+	tb.Helper()
+	first, schema := NewSchema(tb)
+	pools := []*pgxpool.Pool{first}
+	var clusters []*Cluster
+	for range n - 1 {
+		c := ExtraCluster(tb)
+		admin, err := pgx.Connect(context.Background(), c.ConnString())
+		if err != nil {
+			tb.Fatalf("pgtest: connect: %v", err)
+		}
+		_, err = admin.Exec(context.Background(), "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
+		admin.Close(context.Background())
+		if err != nil {
+			tb.Fatalf("pgtest: create schema: %v", err)
+		}
+		pools = append(pools, poolOn(tb, c.ConnString(), schema, func(cfg *pgxpool.Config) {
+			cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+		}))
+		clusters = append(clusters, c)
+	}
+	return pools, schema, clusters
 }

@@ -1,0 +1,59 @@
+package ledger
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncekit/oncekit/shard"
+)
+
+// NewSharded returns a ledger on the shards of r, each migrated with [Migrate]: every
+// call about one key runs on the shard r places its tenant on, so a tenant's records,
+// and the business writes of Do's fn, stay on one PostgreSQL. Calls that take the
+// caller's transaction run where it is: open it on r.Pool(tenant). List, Stats and
+// Purge run on every shard in turn; a shard that fails them does not stop the others,
+// and the error names it.
+func NewSharded(r *shard.Router, cfg *Config) (*Ledger, error) {
+	if r == nil {
+		return nil, errors.New("oncekit/ledger: NewSharded needs a router")
+	}
+	return newLedger(r, cfg)
+}
+
+// Router returns the router the ledger places tenants with; a ledger made by [New] has
+// a router of one shard.
+func (l *Ledger) Router() *shard.Router { return l.r }
+
+// leasePool returns the pool of the lease's shard, once the lease is checked.
+func (l *Ledger) leasePool(lease *Lease) (*pgxpool.Pool, error) {
+	if err := l.checkLease(lease); err != nil {
+		return nil, err
+	}
+	return l.r.Pool(lease.Scope.Tenant)
+}
+
+// onLease runs fn on the pool of the lease's shard.
+func (l *Ledger) onLease(lease *Lease, fn func(q querier) error) error {
+	pool, err := l.leasePool(lease)
+	if err != nil {
+		return err
+	}
+	return fn(pool)
+}
+
+// newestFirst orders records as List does: newest first, then by tenant, operation and
+// key, descending. Records of two shards have different tenants; when they were also
+// created in the same microsecond, their order is Go's byte order of the tenants,
+// which a database collation other than "C" may not share.
+func newestFirst(a, b Record) int {
+	if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+		return c
+	}
+	return strings.Compare(recordOrder(b), recordOrder(a))
+}
+
+func recordOrder(r Record) string {
+	return r.Scope.Tenant + "\x00" + r.Scope.Operation + "\x00" + string(r.Key)
+}

@@ -1,0 +1,279 @@
+package ledger_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekit/oncekit/internal/pgtest"
+	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/shard"
+)
+
+// shardedBundle is a ledger on two shards: "a" on the test server, "b" on a cluster of
+// its own that a test may crash.
+type shardedBundle struct {
+	router *shard.Router
+	pools  map[string]*pgxpool.Pool
+	b      *pgtest.Cluster
+	clock  *stubClock
+}
+
+// tenantsOn lists n tenants that the router places on shard name.
+func (sb *shardedBundle) tenantsOn(t testing.TB, name string, n int) []string {
+	t.Helper()
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		tenant := fmt.Sprintf("tenant-%d", i)
+		s, err := sb.router.For(tenant)
+		require.NoError(t, err)
+		if s.Name == name {
+			out = append(out, tenant)
+		}
+	}
+	return out
+}
+
+func setupSharded(t *testing.T, cfg *ledger.Config) (*ledger.Ledger, *shardedBundle) {
+	t.Helper()
+	if pgtest.IsCitus() {
+		t.Skip("shards are independent PostgreSQL clusters; the Citus run covers one cluster")
+	}
+	ctx := context.Background()
+	pools, schema, clusters := pgtest.Shards(t, 2)
+	poolA, poolB := pools[0], pools[1]
+	router, err := shard.New([]shard.Shard{{Name: "a", Pool: poolA}, {Name: "b", Pool: poolB}}, nil)
+	require.NoError(t, err)
+	for _, p := range []*pgxpool.Pool{poolA, poolB} {
+		_, err := ledger.Migrate(ctx, p, schema)
+		require.NoError(t, err)
+		_, err = p.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text NOT NULL, item text NOT NULL, amount bigint NOT NULL)`)
+		require.NoError(t, err)
+	}
+	var dbNow time.Time
+	require.NoError(t, poolA.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
+	clock := &stubClock{now: dbNow}
+	c := ledger.Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Schema = schema
+	c.Test.NowFunc = clock.Now
+	l, err := ledger.NewSharded(router, &c)
+	require.NoError(t, err)
+	return l, &shardedBundle{router: router, pools: map[string]*pgxpool.Pool{"a": poolA, "b": poolB}, b: clusters[0], clock: clock}
+}
+
+// Each tenant's record and business write land on its shard alone, a retry replays
+// there, and the calls over many records see every shard.
+func TestSharded_RoutesEachTenantToItsShard(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, sb := setupSharded(t, &ledger.Config{Retention: time.Hour})
+	require.Nil(t, l.Pool(), "a ledger on two shards has no one pool")
+	tenants := map[string][]string{"a": sb.tenantsOn(t, "a", 3), "b": sb.tenantsOn(t, "b", 3)}
+	for name, ts := range tenants {
+		for _, tenant := range ts {
+			in := intent(t, tenant, "k-1", order{Item: "book", Amount: 1})
+			res, err := l.Do(ctx, in, createOrder(tenant, order{Item: "book", Amount: 1}), nil)
+			require.NoError(t, err)
+			require.False(t, res.Replayed)
+			res, err = l.Do(ctx, in, createOrder(tenant, order{Item: "book", Amount: 1}), nil)
+			require.NoError(t, err)
+			require.True(t, res.Replayed, "the retry of %s replays on shard %s", tenant, name)
+			for other, pool := range sb.pools {
+				want := 0
+				if other == name {
+					want = 1
+				}
+				require.Equal(t, want, countOrders(t, pool, tenant), "orders of %s on shard %s", tenant, other)
+				rec, err := l.Get(ctx, in.Scope, in.Key)
+				require.NoError(t, err)
+				require.Equal(t, ledger.StateCompleted, rec.State)
+			}
+		}
+	}
+	// The caller's transaction, opened on the tenant's pool.
+	tenant := tenants["b"][0]
+	pool, err := l.Router().Pool(tenant)
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	in := intent(t, tenant, "k-tx", order{Item: "pen", Amount: 2})
+	_, err = l.DoTx(ctx, tx, in, createOrder(tenant, order{Item: "pen", Amount: 2}), nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 2, countOrders(t, sb.pools["b"], tenant))
+
+	// Claim and its finishing calls go to the lease's shard.
+	ext := intent(t, tenants["a"][1], "k-ext", order{Item: "lamp", Amount: 3})
+	cr, err := l.Claim(ctx, ext, nil)
+	require.NoError(t, err)
+	require.NoError(t, l.Extend(ctx, cr.Lease, time.Minute))
+	_, err = l.Complete(ctx, cr.Lease, ledger.Response{Code: 200})
+	require.NoError(t, err)
+	cr, err = l.Claim(ctx, ext, nil)
+	require.NoError(t, err)
+	require.Nil(t, cr.Lease)
+	require.True(t, cr.Result.Replayed)
+
+	recs, err := l.List(ctx, nil)
+	require.NoError(t, err)
+	require.Len(t, recs, 8)
+	for i := 1; i < len(recs); i++ {
+		require.False(t, recs[i].CreatedAt.After(recs[i-1].CreatedAt), "newest first across shards")
+	}
+	page, err := l.List(ctx, &ledger.ListOpts{Limit: 3})
+	require.NoError(t, err)
+	require.Equal(t, recs[:3], page)
+	one, err := l.List(ctx, &ledger.ListOpts{Tenant: tenants["b"][0]})
+	require.NoError(t, err)
+	require.Len(t, one, 2)
+	st, err := l.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(8), st.ByState[ledger.StateCompleted]["orders.create"])
+
+	sb.clock.Advance(2 * time.Hour)
+	res, err := l.Purge(ctx, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(8), res.Deleted)
+	for name, pool := range sb.pools {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM idempotency_records").Scan(&n))
+		require.Zero(t, n, "shard %s purged", name)
+	}
+}
+
+// A tenant that the picker places nowhere is refused with a typed error, and nothing
+// runs.
+func TestSharded_UnroutableTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := ledger.Migrate(ctx, pool, schema)
+	require.NoError(t, err)
+	r, err := shard.New([]shard.Shard{{Name: "eu", Pool: pool}}, shard.Map(map[string]string{"acme": "eu", "globex": "us"}, nil))
+	require.NoError(t, err)
+	l, err := ledger.NewSharded(r, &ledger.Config{Schema: schema})
+	require.NoError(t, err)
+	var calls atomic.Int32
+	fn := func(context.Context, pgx.Tx) (ledger.Response, error) {
+		calls.Add(1)
+		return ledger.Response{Code: 200}, nil
+	}
+	for _, tenant := range []string{"initech", "globex"} {
+		in := intent(t, tenant, "k", order{Item: "x"})
+		_, err = l.Do(ctx, in, fn, nil)
+		require.ErrorIs(t, err, shard.ErrUnroutable)
+		var ue *shard.UnroutableError
+		require.ErrorAs(t, err, &ue)
+		require.Equal(t, tenant, ue.Tenant)
+		_, err = l.Claim(ctx, in, nil)
+		require.ErrorIs(t, err, shard.ErrUnroutable)
+		_, err = l.Get(ctx, in.Scope, in.Key)
+		require.ErrorIs(t, err, shard.ErrUnroutable)
+		_, err = l.Complete(ctx, &ledger.Lease{Intent: in, Token: [16]byte{1}}, ledger.Response{Code: 200})
+		require.ErrorIs(t, err, shard.ErrUnroutable)
+		_, err = l.List(ctx, &ledger.ListOpts{Tenant: tenant})
+		require.ErrorIs(t, err, shard.ErrUnroutable)
+	}
+	require.Zero(t, calls.Load())
+	_, err = l.Do(ctx, intent(t, "acme", "k", order{Item: "x"}), fn, nil)
+	require.NoError(t, err)
+	require.Equal(t, int32(1), calls.Load())
+}
+
+// Many goroutines race duplicates of the same keys over tenants of both shards: each
+// key's fn commits once, on its tenant's shard.
+func TestSharded_ConcurrentDuplicatesRunOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, sb := setupSharded(t, nil)
+	tenants := append(sb.tenantsOn(t, "a", 4), sb.tenantsOn(t, "b", 4)...)
+	const keysPer, dups = 5, 6
+	var runs sync.Map // tenant/key -> *atomic.Int32
+	var wg sync.WaitGroup
+	for _, tenant := range tenants {
+		for k := range keysPer {
+			for range dups {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					key := fmt.Sprintf("k-%d", k)
+					in := intent(t, tenant, key, order{Item: key, Amount: 1})
+					c, _ := runs.LoadOrStore(tenant+"/"+key, new(atomic.Int32))
+					_, err := l.Do(ctx, in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+						res, err := createOrder(tenant, order{Item: key, Amount: 1})(ctx, tx)
+						if err == nil {
+							c.(*atomic.Int32).Add(1)
+						}
+						return res, err
+					}, &ledger.DoOpts{Wait: 10 * time.Second})
+					if err != nil {
+						t.Errorf("Do %s/%s: %v", tenant, key, err)
+					}
+				}()
+			}
+		}
+	}
+	wg.Wait()
+	for _, tenant := range tenants {
+		s, err := sb.router.For(tenant)
+		require.NoError(t, err)
+		require.Equal(t, keysPer, countOrders(t, sb.pools[s.Name], tenant), "orders of %s on its shard", tenant)
+	}
+	runs.Range(func(k, v any) bool {
+		require.LessOrEqual(t, v.(*atomic.Int32).Load(), int32(1), "fn committed more than once for %s", k)
+		return true
+	})
+}
+
+// A shard that is down fails its own tenants' calls and no other's; once it is back,
+// its tenants' retries replay what committed before the crash.
+func TestSharded_OneShardDownTheOtherGoesOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, sb := setupSharded(t, &ledger.Config{Retention: time.Hour})
+	onA, onB := sb.tenantsOn(t, "a", 1)[0], sb.tenantsOn(t, "b", 1)[0]
+	var runs atomic.Int32
+	do := func(tenant, key string) (ledger.Result, error) {
+		return l.Do(ctx, intent(t, tenant, key, order{Item: key}), func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+			res, err := createOrder(tenant, order{Item: key})(ctx, tx)
+			runs.Add(1)
+			return res, err
+		}, &ledger.DoOpts{Mode: ledger.ModeClaimFirst}) // fn is called only when the key is free
+	}
+	_, err := do(onB, "before")
+	require.NoError(t, err)
+
+	require.NoError(t, sb.b.Stop())
+	for i := range 5 {
+		_, err := do(onA, fmt.Sprintf("during-%d", i))
+		require.NoError(t, err, "shard a goes on while b is down")
+	}
+	_, err = do(onB, "during")
+	require.Error(t, err, "shard b is down")
+	_, err = l.Stats(ctx)
+	require.ErrorContains(t, err, `shard "b"`)
+	sb.clock.Advance(2 * time.Hour)
+	res, err := l.Purge(ctx, nil)
+	require.ErrorContains(t, err, `shard "b"`)
+	require.Equal(t, int64(5), res.Deleted, "shard a purged though b failed")
+
+	require.NoError(t, sb.b.Start(ctx))
+	sb.clock.Advance(-2 * time.Hour)
+	before := runs.Load()
+	require.Eventually(t, func() bool {
+		res, err := do(onB, "before")
+		return err == nil && res.Replayed
+	}, 20*time.Second, 100*time.Millisecond, "the record committed before the crash replays")
+	require.Equal(t, before, runs.Load(), "no fn ran again for the replayed key")
+	require.Equal(t, 1, countOrders(t, sb.pools["b"], onB))
+}
