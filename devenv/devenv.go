@@ -53,6 +53,11 @@ type Config struct {
 	// the source tarball that ONCEKIT_CITUS_TARBALL names (see docs/citus.md) and cached
 	// in ~/.cache/oncekit. Keep does not apply to it. Defaults to false.
 	Citus bool
+	// Shards starts this many independent PostgreSQL clusters, each a shard of its own,
+	// named in ShardURLs (the first is DatabaseURL). It needs the servers to be devenv's
+	// own (no DATABASE_URL), and excludes Citus; Keep keeps the first. Defaults to 0: one
+	// cluster, as 1 does.
+	Shards int
 }
 
 // Env is a PostgreSQL server and a Temporal server.
@@ -65,9 +70,13 @@ type Env struct {
 	Namespace       string
 	// UIAddress is the web UI's address when Config.UIPort asked for one.
 	UIAddress string
+	// ShardURLs are the connection strings of the clusters Config.Shards asked for, the
+	// first being DatabaseURL; nil without Config.Shards.
+	ShardURLs []string
 
 	cluster *pgtest.Cluster // the coordinator with Config.Citus
 	citus   *pgtest.Citus
+	shards  []*pgtest.Cluster // the clusters of Config.Shards beyond the first
 	dev     *devserver.Server
 	keep    bool
 	state   string
@@ -83,6 +92,9 @@ func Start(ctx context.Context, cfg *Config) (*Env, error) {
 	if !c.NoPostgres {
 		if err := e.startPostgres(ctx, c.Durable, c.Citus); err != nil {
 			return nil, err
+		}
+		if err := e.startShards(ctx, c); err != nil {
+			return nil, errors.Join(err, e.Close())
 		}
 	}
 	if !c.NoTemporal {
@@ -126,6 +138,38 @@ func (e *Env) startPostgres(ctx context.Context, durable, citus bool) error {
 	return nil
 }
 
+// startShards starts the clusters beyond the first that Config.Shards asks for.
+func (e *Env) startShards(ctx context.Context, c Config) error {
+	if c.Shards <= 1 {
+		return nil
+	}
+	if c.Citus || e.cluster == nil {
+		return errors.New("oncekit/devenv: Config.Shards needs devenv's own PostgreSQL clusters: unset DATABASE_URL, and leave Citus off")
+	}
+	e.ShardURLs = []string{e.DatabaseURL}
+	for range c.Shards - 1 {
+		cl, err := pgtest.StartCluster(ctx, &pgtest.ClusterOpts{Durable: c.Durable})
+		if err != nil {
+			return err
+		}
+		e.shards = append(e.shards, cl)
+		e.ShardURLs = append(e.ShardURLs, cl.ConnString())
+	}
+	return nil
+}
+
+// CrashShard stops the cluster of shard i (from 0, as in ShardURLs) as a crash would,
+// keeps it down for down, and starts it again, even when ctx ends meanwhile.
+func (e *Env) CrashShard(ctx context.Context, i int, down time.Duration) error {
+	switch {
+	case i == 0 && e.cluster != nil:
+		return e.CrashPostgres(ctx, down)
+	case i < 1 || i > len(e.shards):
+		return fmt.Errorf("oncekit/devenv: no shard %d: there are %d", i, len(e.ShardURLs))
+	}
+	return e.shards[i-1].Crash(context.WithoutCancel(ctx), down)
+}
+
 // Close stops the servers Start started; it leaves DATABASE_URL's and TEMPORAL_ADDRESS's
 // alone.
 func (e *Env) Close() error {
@@ -138,6 +182,10 @@ func (e *Env) Close() error {
 		errs = append(errs, e.citus.Close())
 		e.citus, e.cluster = nil, nil
 	}
+	for _, cl := range e.shards {
+		errs = append(errs, cl.Close())
+	}
+	e.shards = nil
 	if e.cluster != nil {
 		if e.keep {
 			errs = append(errs, e.cluster.Stop())

@@ -76,3 +76,36 @@ func TestEnv_KeptAtNamesTheServersBinary(t *testing.T) {
 	require.Contains(t, string(out), " "+strings.Fields(version)[0], "the binary is the server's own version")
 	require.DirExists(t, filepath.Join(m[2], "data"))
 }
+
+// Config.Shards starts independent clusters; CrashShard crashes one while the other
+// stays up, and what it committed survives.
+func TestEnv_Shards(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	ctx := context.Background()
+	env, err := devenv.Start(ctx, &devenv.Config{NoTemporal: true, Durable: true, Shards: 2})
+	require.NoError(t, err)
+	defer env.Close()
+	require.Len(t, env.ShardURLs, 2)
+	require.Equal(t, env.DatabaseURL, env.ShardURLs[0])
+	require.NotEqual(t, env.ShardURLs[0], env.ShardURLs[1])
+	conns := make([]*pgx.Conn, 2)
+	for i, url := range env.ShardURLs {
+		conns[i], err = pgx.Connect(ctx, url)
+		require.NoError(t, err)
+		_, err = conns[i].Exec(ctx, `CREATE TABLE t (n int); INSERT INTO t VALUES (1)`)
+		require.NoError(t, err, "shard %d is a cluster of its own", i)
+	}
+	done := make(chan error, 1)
+	go func() { done <- env.CrashShard(ctx, 1, 2*time.Second) }()
+	require.Eventually(t, func() bool { return conns[1].Ping(ctx) != nil }, 5*time.Second, 50*time.Millisecond, "shard 1 went down")
+	require.NoError(t, conns[0].Ping(ctx), "shard 0 stays up")
+	require.NoError(t, <-done)
+	c, err := pgx.Connect(ctx, env.ShardURLs[1])
+	require.NoError(t, err)
+	defer c.Close(ctx)
+	var n int
+	require.NoError(t, c.QueryRow(ctx, `SELECT count(*) FROM t`).Scan(&n))
+	require.Equal(t, 1, n)
+	require.Error(t, env.CrashShard(ctx, 2, time.Second))
+	require.NoError(t, conns[0].Close(ctx))
+}

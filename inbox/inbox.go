@@ -111,8 +111,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
 // NewSharded returns an inbox on the shards of r, each migrated: Handle records a
 // message on the shard of the tenant that keys.WithTenant put in its context, beside
 // the handler's writes to that tenant's tables, and without a tenant returns
-// [ErrNoTenant]. HandleTx records it where the caller's transaction is. Stats and Purge
-// run on every shard in turn.
+// [ErrNoTenant]. HandleTx records it where the caller's transaction is, and refuses
+// one that is not on the shard of the tenant its context carries with a
+// *shard.WrongShardError. Stats and Purge run on every shard in turn.
 func NewSharded(r *shard.Router, cfg *Config) (*Inbox, error) {
 	if r == nil {
 		return nil, errors.New("oncekit/inbox: NewSharded needs a router")
@@ -233,6 +234,13 @@ func (ib *Inbox) HandleTx(ctx context.Context, tx pgx.Tx, subscriber, messageID 
 	defer func() { ib.tel.message(ctx, subscriber, res, err) }()
 	if err := validate(subscriber, messageID, fn); err != nil {
 		return Result{}, err
+	}
+	if ib.sharded && tx != nil {
+		if tenant, ok := keys.TenantFrom(ctx); ok {
+			if err := ib.r.Check(tenant, tx.Conn()); err != nil {
+				return Result{}, err
+			}
+		}
 	}
 	undo := func(ctx context.Context) error {
 		// One simple-protocol query, which an aborted transaction accepts.

@@ -81,6 +81,9 @@ func (l *Ledger) Claim(ctx context.Context, in Intent, opts *ClaimOpts) (ClaimRe
 // ClaimTx is [Ledger.Claim] inside the caller's transaction; the claim takes effect
 // when the caller commits, so commit before making the external call.
 func (l *Ledger) ClaimTx(ctx context.Context, tx pgx.Tx, in Intent, opts *ClaimOpts) (ClaimResult, error) {
+	if err := l.checkTx(tx, in.Scope.Tenant); err != nil {
+		return ClaimResult{}, err
+	}
 	return l.instrumentedClaim(ctx, tx, in, opts)
 }
 
@@ -261,6 +264,9 @@ func (l *Ledger) Complete(ctx context.Context, lease *Lease, resp Response) (res
 // record the call's outcome in its own tables atomically with the ledger.
 func (l *Ledger) CompleteTx(ctx context.Context, tx pgx.Tx, lease *Lease, resp Response) (res Result, err error) {
 	err = l.finish(ctx, "Complete", lease, OutcomeCompleted, func(ctx context.Context) error {
+		if err := l.checkLeaseTx(tx, lease); err != nil {
+			return err
+		}
 		res, err = l.complete(ctx, tx, lease, resp)
 		return err
 	})
@@ -293,7 +299,12 @@ func (l *Ledger) Fail(ctx context.Context, lease *Lease, derr *DefinitiveError) 
 
 // FailTx is [Ledger.Fail] inside the caller's transaction.
 func (l *Ledger) FailTx(ctx context.Context, tx pgx.Tx, lease *Lease, derr *DefinitiveError) error {
-	return l.finish(ctx, "Fail", lease, OutcomeFailed, func(ctx context.Context) error { return l.fail(ctx, tx, lease, derr) })
+	return l.finish(ctx, "Fail", lease, OutcomeFailed, func(ctx context.Context) error {
+		if err := l.checkLeaseTx(tx, lease); err != nil {
+			return err
+		}
+		return l.fail(ctx, tx, lease, derr)
+	})
 }
 
 func (l *Ledger) fail(ctx context.Context, q querier, lease *Lease, derr *DefinitiveError) error {
@@ -323,7 +334,12 @@ func (l *Ledger) Release(ctx context.Context, lease *Lease) error {
 
 // ReleaseTx is [Ledger.Release] inside the caller's transaction.
 func (l *Ledger) ReleaseTx(ctx context.Context, tx pgx.Tx, lease *Lease) error {
-	return l.finish(ctx, "Release", lease, OutcomeReleased, func(ctx context.Context) error { return l.release(ctx, tx, lease) })
+	return l.finish(ctx, "Release", lease, OutcomeReleased, func(ctx context.Context) error {
+		if err := l.checkLeaseTx(tx, lease); err != nil {
+			return err
+		}
+		return l.release(ctx, tx, lease)
+	})
 }
 
 func (l *Ledger) release(ctx context.Context, q querier, lease *Lease) error {
@@ -352,7 +368,12 @@ func (l *Ledger) MarkUncertain(ctx context.Context, lease *Lease) error {
 
 // MarkUncertainTx is [Ledger.MarkUncertain] inside the caller's transaction.
 func (l *Ledger) MarkUncertainTx(ctx context.Context, tx pgx.Tx, lease *Lease) error {
-	return l.finish(ctx, "MarkUncertain", lease, OutcomeUncertain, func(ctx context.Context) error { return l.markUncertain(ctx, tx, lease) })
+	return l.finish(ctx, "MarkUncertain", lease, OutcomeUncertain, func(ctx context.Context) error {
+		if err := l.checkLeaseTx(tx, lease); err != nil {
+			return err
+		}
+		return l.markUncertain(ctx, tx, lease)
+	})
 }
 
 func (l *Ledger) markUncertain(ctx context.Context, q querier, lease *Lease) error {
@@ -377,6 +398,9 @@ func (l *Ledger) Extend(ctx context.Context, lease *Lease, d time.Duration) erro
 
 // ExtendTx is [Ledger.Extend] inside the caller's transaction.
 func (l *Ledger) ExtendTx(ctx context.Context, tx pgx.Tx, lease *Lease, d time.Duration) error {
+	if err := l.checkLeaseTx(tx, lease); err != nil {
+		return err
+	}
 	return l.extend(ctx, tx, lease, d)
 }
 

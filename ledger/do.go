@@ -161,6 +161,9 @@ func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, in Intent, fn Func, opts *
 	if tx == nil {
 		return Result{}, errors.New("oncekit/ledger: DoTx needs a transaction")
 	}
+	if err := l.checkTx(tx, in.Scope.Tenant); err != nil {
+		return Result{}, err
+	}
 	return l.do(ctx, in, fn, o, &callerTx{l: l, outer: tx})
 }
 

@@ -207,6 +207,9 @@ func (l *Ledger) Get(ctx context.Context, scope keys.Scope, key keys.Key) (*Reco
 
 // GetTx is [Ledger.Get] inside the caller's transaction.
 func (l *Ledger) GetTx(ctx context.Context, tx pgx.Tx, scope keys.Scope, key keys.Key) (*Record, error) {
+	if err := l.checkTx(tx, scope.Tenant); err != nil {
+		return nil, err
+	}
 	return l.get(ctx, tx, scope, key)
 }
 

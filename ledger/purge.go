@@ -20,8 +20,8 @@ type PurgeOpts struct {
 	// BatchSize is the most records one statement deletes, which bounds how long it
 	// holds locks. Defaults to [PurgeBatchDefault].
 	BatchSize int
-	// MaxBatches stops the purge after this many statements; 0 runs until no expired
-	// record is left. Defaults to 0.
+	// MaxBatches stops the purge after this many statements (on each shard, for a
+	// ledger on several); 0 runs until no expired record is left. Defaults to 0.
 	MaxBatches int
 	// Pause is how long the purge waits between two statements. A purge of millions of
 	// records that never pauses takes a core, the disk and the WAL from the traffic it

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/shard"
@@ -12,7 +13,8 @@ import (
 // NewSharded returns a ledger on the shards of r, each migrated with [Migrate]: every
 // call about one key runs on the shard r places its tenant on, so a tenant's records,
 // and the business writes of Do's fn, stay on one PostgreSQL. Calls that take the
-// caller's transaction run where it is: open it on r.Pool(tenant). List, Stats and
+// caller's transaction run where it is: open it on r.Pool(tenant); one open on another
+// shard is refused with a *shard.WrongShardError before anything runs. List, Stats and
 // Purge run on every shard in turn; a shard that fails them does not stop the others,
 // and the error names it.
 func NewSharded(r *shard.Router, cfg *Config) (*Ledger, error) {
@@ -41,6 +43,24 @@ func (l *Ledger) onLease(lease *Lease, fn func(q querier) error) error {
 		return err
 	}
 	return fn(pool)
+}
+
+// checkTx refuses, on a ledger of several shards, a caller's transaction that is not on
+// tenant's shard: its record would land where the tenant's other calls cannot see it.
+func (l *Ledger) checkTx(tx pgx.Tx, tenant string) error {
+	if tx == nil {
+		return nil
+	}
+	return l.r.Check(tenant, tx.Conn())
+}
+
+// checkLeaseTx is checkTx for the lease's tenant; a nil lease is left to the call,
+// which refuses it.
+func (l *Ledger) checkLeaseTx(tx pgx.Tx, lease *Lease) error {
+	if lease == nil {
+		return nil
+	}
+	return l.checkTx(tx, lease.Scope.Tenant)
 }
 
 // newestFirst orders records as List does: newest first, then by tenant, operation and

@@ -112,6 +112,26 @@ func TestSharded_RoutesEachTenantToItsShard(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, 2, countOrders(t, sb.pools["b"], tenant))
 
+	// A transaction on the other shard is refused before anything runs: its record would
+	// land where the tenant's retries cannot see it.
+	wrong, err := sb.pools["a"].Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = wrong.Rollback(ctx) }()
+	in = intent(t, tenant, "k-wrong", order{Item: "pen", Amount: 2})
+	_, err = l.DoTx(ctx, wrong, in, createOrder(tenant, order{Item: "pen", Amount: 2}), nil)
+	var wse *shard.WrongShardError
+	require.ErrorAs(t, err, &wse)
+	require.Equal(t, shard.WrongShardError{Tenant: tenant, Shard: "b"}, *wse)
+	_, err = l.ClaimTx(ctx, wrong, in, nil)
+	require.ErrorIs(t, err, shard.ErrWrongShard)
+	_, err = l.GetTx(ctx, wrong, in.Scope, in.Key)
+	require.ErrorIs(t, err, shard.ErrWrongShard)
+	_, err = l.CompleteTx(ctx, wrong, &ledger.Lease{Intent: in, Token: [16]byte{1}}, ledger.Response{Code: 200})
+	require.ErrorIs(t, err, shard.ErrWrongShard)
+	require.NoError(t, wrong.Rollback(ctx))
+	require.Equal(t, 2, countOrders(t, sb.pools["b"], tenant))
+	require.Zero(t, countOrders(t, sb.pools["a"], tenant))
+
 	// Claim and its finishing calls go to the lease's shard.
 	ext := intent(t, tenants["a"][1], "k-ext", order{Item: "lamp", Amount: 3})
 	cr, err := l.Claim(ctx, ext, nil)

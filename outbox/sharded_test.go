@@ -166,6 +166,11 @@ func TestSharded_DispatcherPerShard(t *testing.T) {
 	require.Equal(t, int64(6), is[0].Processed)
 	_, err = sb.in.Handle(ctx, "statements", "no-tenant", func(context.Context, pgx.Tx) error { return nil })
 	require.ErrorIs(t, err, inbox.ErrNoTenant)
+	wrong, err := sb.pools["a"].Begin(ctx)
+	require.NoError(t, err)
+	_, err = sb.in.HandleTx(keys.WithTenant(ctx, "globex"), wrong, "statements", "wrong-shard", func(context.Context, pgx.Tx) error { return nil })
+	require.ErrorIs(t, err, shard.ErrWrongShard)
+	require.NoError(t, wrong.Rollback(ctx))
 
 	n, err := sb.out.Purgeable(ctx, &outbox.PurgeOpts{PublishedRetention: time.Nanosecond})
 	require.NoError(t, err)

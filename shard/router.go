@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"slices"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -46,12 +47,42 @@ func (e *UnroutableError) Is(target error) bool { return target == ErrUnroutable
 // Unwrap returns the picker's error.
 func (e *UnroutableError) Unwrap() error { return e.Err }
 
+// ErrWrongShard is what a [*WrongShardError] matches with errors.Is.
+var ErrWrongShard = errors.New("oncekit/shard: the transaction is on another shard than the tenant's")
+
+// WrongShardError reports a transaction, given to a call about a tenant, that is open
+// on a server other than the tenant's shard's: the record would land where a retry on
+// the right shard cannot see it.
+type WrongShardError struct {
+	Tenant string
+	// Shard is the tenant's shard.
+	Shard string
+}
+
+func (e *WrongShardError) Error() string {
+	return fmt.Sprintf("oncekit/shard: the transaction is not on tenant %q's shard %q: open it on the router's Pool(%q)", e.Tenant, e.Shard, e.Tenant)
+}
+
+// Is reports whether target is [ErrWrongShard].
+func (e *WrongShardError) Is(target error) bool { return target == ErrWrongShard }
+
 // Router maps tenants to shards. It is safe for concurrent use.
 type Router struct {
 	shards []Shard
 	index  map[string]int
 	pick   Picker
+	// ids are the shards' servers, as their pools' configurations name them.
+	ids []serverID
 }
+
+// serverID names a server and a database, as a connection's configuration does.
+type serverID struct {
+	host     string
+	port     uint16
+	database string
+}
+
+func idOf(c *pgx.ConnConfig) serverID { return serverID{c.Host, c.Port, c.Database} }
 
 // New returns a router over shards, which pick places tenants on. Each shard needs a
 // pool and a name of its own; a nil pick is [Hash] over the shards' names.
@@ -70,6 +101,7 @@ func New(shards []Shard, pick Picker) (*Router, error) {
 		}
 		r.index[s.Name] = i
 		names[i] = s.Name
+		r.ids = append(r.ids, idOf(s.Pool.Config().ConnConfig))
 	}
 	if r.pick == nil {
 		r.pick = Hash(names...)
@@ -103,6 +135,23 @@ func (r *Router) For(tenant string) (Shard, error) {
 func (r *Router) Pool(tenant string) (*pgxpool.Pool, error) {
 	s, err := r.For(tenant)
 	return s.Pool, err
+}
+
+// Check returns a [*WrongShardError] when conn, such as a transaction's (tx.Conn()), is
+// not connected to tenant's shard, as its configuration's host, port and database say;
+// a router of one shard checks nothing.
+func (r *Router) Check(tenant string, conn *pgx.Conn) error {
+	if len(r.shards) == 1 || conn == nil {
+		return nil
+	}
+	s, err := r.For(tenant)
+	if err != nil {
+		return err
+	}
+	if idOf(conn.Config()) != r.ids[r.index[s.Name]] {
+		return &WrongShardError{Tenant: tenant, Shard: s.Name}
+	}
+	return nil
 }
 
 // Shards returns the router's shards, in the order given to [New].

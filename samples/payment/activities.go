@@ -26,6 +26,8 @@ type Order struct {
 	SKU    string `json:"sku"`
 	Qty    int    `json:"qty"`
 	Amount int64  `json:"amount"`
+	// Tenant is the shop that takes the order; empty for the demo's one shop.
+	Tenant string `json:"tenant,omitempty"`
 	// Faults.
 	KillAfterCharge    bool `json:"kill_after_charge,omitempty"`    // the worker dies after the provider charged
 	LoseChargeResponse bool `json:"lose_charge_response,omitempty"` // the provider's answer is lost

@@ -22,15 +22,18 @@ type faultConfig struct {
 	outageEvery      time.Duration // PostgreSQL down for outage
 	outage           time.Duration
 	temporalEvery    time.Duration // the Temporal dev server SIGKILLed and restarted
+	shardCrashEvery  time.Duration // the last shard's PostgreSQL crash-restarted
+	shardDown        time.Duration // how long a crashed shard stays down
 }
 
 func (f faultConfig) any() bool {
-	return f.pgCrashEvery > 0 || f.backendKillEvery > 0 || f.outageEvery > 0 || f.temporalEvery > 0
+	return f.pgCrashEvery > 0 || f.backendKillEvery > 0 || f.outageEvery > 0 || f.temporalEvery > 0 || f.shardCrashEvery > 0
 }
 
 // faultCounts counts the faults injected and the errors seen.
 type faultCounts struct {
 	pgCrashes, backendKills, outages, temporalCrashes atomic.Int64
+	shardCrashes                                      atomic.Int64
 	errors                                            atomic.Int64
 	mu                                                sync.Mutex
 	lastErr                                           string
@@ -61,6 +64,9 @@ func (c *faultCounts) seen(err error) {
 func (c *faultCounts) String() string {
 	s := fmt.Sprintf("faults: %d PostgreSQL crashes, %d backend kills, %d outages, %d Temporal crashes",
 		c.pgCrashes.Load(), c.backendKills.Load(), c.outages.Load(), c.temporalCrashes.Load())
+	if n := c.shardCrashes.Load(); n > 0 {
+		s += fmt.Sprintf(", %d crashes of the last shard", n)
+	}
 	if n := c.errors.Load(); n > 0 {
 		c.mu.Lock()
 		s += fmt.Sprintf("; %d errors seen (last: %s)", n, c.lastErr)
@@ -124,6 +130,10 @@ func injectFaults(ctx context.Context, env *devenv.Env, fc faultConfig, seed uin
 		counts.temporalCrashes.Add(1)
 		return env.CrashTemporal(ctx, 2*time.Second)
 	})
+	every(fc.shardCrashEvery, 6, func() error {
+		counts.shardCrashes.Add(1)
+		return env.CrashShard(ctx, len(env.ShardURLs)-1, fc.shardDown)
+	})
 	wg.Wait()
 }
 
@@ -140,6 +150,9 @@ func (f faultConfig) String() string {
 	}
 	if f.temporalEvery > 0 {
 		parts = append(parts, fmt.Sprintf("the Temporal dev server SIGKILLed and restarted every ~%s", f.temporalEvery))
+	}
+	if f.shardCrashEvery > 0 {
+		parts = append(parts, fmt.Sprintf("the last shard's PostgreSQL crash-restarted every ~%s (down %s)", f.shardCrashEvery, f.shardDown))
 	}
 	return strings.Join(parts, ", ")
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/migrate"
+	"github.com/oncekit/oncekit/shard"
 	"github.com/oncekit/oncekit/worker"
 )
 
@@ -47,6 +48,7 @@ type config struct {
 	grace       time.Duration // how long an interrupted run waits for the orders in flight
 	killEvery   int           // one order in killEvery kills the worker after its charge
 	otlp        string        // the OTLP endpoint the workers export to; "": none
+	shards      int           // PostgreSQL clusters, a shop on each; 1: one cluster, one shop
 }
 
 func main() {
@@ -69,6 +71,9 @@ func main() {
 	flag.DurationVar(&cfg.faults.outage, "outage", 30*time.Second, "length of a PostgreSQL outage")
 	flag.DurationVar(&cfg.faults.temporalEvery, "temporal-crash-every", 0, "SIGKILL and restart the Temporal dev server about this often (its state is kept in a file)")
 	flag.DurationVar(&cfg.grace, "grace", 2*time.Minute, "how long an interrupted run waits for the orders in flight")
+	flag.IntVar(&cfg.shards, "shards", 1, "PostgreSQL clusters to shard the shops over by tenant, a shop on each (more than 1 runs oncekit's saga alone)")
+	flag.DurationVar(&cfg.faults.shardCrashEvery, "shard-crash-every", 0, "with -shards, crash-restart the last shard's PostgreSQL (immediate mode) about this often, while the others go on")
+	flag.DurationVar(&cfg.faults.shardDown, "shard-down", 5*time.Second, "how long a crashed shard stays down")
 	flag.IntVar(&cfg.killEvery, "kill-every", 20, "one order in this many SIGKILLs the worker right after its charge (0: none)")
 	flag.StringVar(&cfg.otlp, "otlp", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"),
 		"export the workers' metrics and traces to this OTLP/gRPC endpoint, such as http://localhost:4317 (default: OTEL_EXPORTER_OTLP_ENDPOINT; empty: export nothing)")
@@ -102,11 +107,18 @@ func run(cfg config) (demoReport, error) {
 	if err := checkOTLP(cfg.otlp); err != nil {
 		return demoReport{}, err
 	}
+	if cfg.shards > 1 && cfg.naive {
+		fmt.Println("With -shards, the demo runs oncekit's saga alone: the naive one knows no tenants.")
+		cfg.naive = false
+	}
+	if cfg.faults.shardCrashEvery > 0 && cfg.shards < 2 {
+		return demoReport{}, errors.New("-shard-crash-every needs -shards 2 or more")
+	}
 	tmp, err := devenv.Start(ctx, &devenv.Config{UIPort: cfg.uiPort, Progress: os.Stderr,
-		PersistTemporal: cfg.faults.temporalEvery > 0, Keep: cfg.keep,
+		PersistTemporal: cfg.faults.temporalEvery > 0, Keep: cfg.keep, Shards: cfg.shards,
 		// A crash of a server with fsync off loses commits that were acknowledged:
 		// that would be PostgreSQL's failure, not the saga's.
-		Durable: cfg.faults.pgCrashEvery > 0 || cfg.faults.outageEvery > 0})
+		Durable: cfg.faults.pgCrashEvery > 0 || cfg.faults.outageEvery > 0 || cfg.faults.shardCrashEvery > 0})
 	if err != nil {
 		return demoReport{}, fmt.Errorf("start the servers: %w", err)
 	}
@@ -131,14 +143,34 @@ func run(cfg config) (demoReport, error) {
 	}
 	fmt.Println()
 
-	var pool *pgxpool.Pool
-	if err := retry(ctx, "set up the demo's schemas", func() (err error) {
-		pool, err = setupDatabase(ctx, tmp.DatabaseURL)
-		return err
-	}); err != nil {
+	urls := tmp.ShardURLs
+	if len(urls) == 0 {
+		urls = []string{tmp.DatabaseURL}
+	}
+	var pools []*pgxpool.Pool
+	for _, url := range urls {
+		var p *pgxpool.Pool
+		if err := retry(ctx, "set up the demo's schemas", func() (err error) {
+			p, err = setupDatabase(ctx, url)
+			return err
+		}); err != nil {
+			return demoReport{}, err
+		}
+		defer p.Close()
+		pools = append(pools, p)
+	}
+	pool := pools[0] // the provider's, and the only one without -shards
+	if len(urls) > 1 {
+		fmt.Printf("Shards: %d PostgreSQL clusters, shop %s on shard %s, %s on %s, ...\n", len(urls), shardTenant(0), shardName(0), shardTenant(1), shardName(1))
+	}
+	var shards []shard.Shard
+	for i, p := range pools {
+		shards = append(shards, shard.Shard{Name: shardName(i), Pool: p})
+	}
+	router, err := shard.New(shards, demoPicker(len(shards)))
+	if err != nil {
 		return demoReport{}, err
 	}
-	defer pool.Close()
 	providerURL, stopProvider, err := startProvider(pool)
 	if err != nil {
 		return demoReport{}, err
@@ -154,6 +186,9 @@ func run(cfg config) (demoReport, error) {
 	sup := &supervisor{env: []string{envRole + "=worker", envDB + "=" + tmp.DatabaseURL, envTemporal + "=" + tmp.TemporalAddress,
 		envNamespace + "=" + tmp.Namespace, envProvider + "=" + providerURL, envQueue + "=" + queue, envMetrics + "=" + metricsDir,
 		envOTLP + "=" + cfg.otlp}}
+	if len(urls) > 1 {
+		sup.env = append(sup.env, envShards+"="+shardsEnv(urls))
+	}
 	sup.start()
 	defer sup.stop()
 
@@ -164,7 +199,7 @@ func run(cfg config) (demoReport, error) {
 	}
 	defer c.Close()
 
-	orders := makeOrders(cfg.orders, queue, cfg.killEvery)
+	orders := makeOrders(cfg.orders, queue, cfg.killEvery, len(urls))
 	modes := []string{"oncekit"}
 	if cfg.naive {
 		modes = append(modes, "naive")
@@ -196,12 +231,12 @@ func run(cfg config) (demoReport, error) {
 	reportCtx := context.WithoutCancel(ctx)
 	var rep demoReport
 	if err := retry(reportCtx, "count the outcomes in the database", func() (err error) {
-		rep, err = report(reportCtx, pool, orders, modes, outcomes)
+		rep, err = report(reportCtx, pools, orders, modes, outcomes)
 		return err
 	}); err != nil {
 		return demoReport{}, err
 	}
-	if err := retry(reportCtx, "check for leftovers", func() error { return rep.checkLeftovers(reportCtx, pool, c) }); err != nil {
+	if err := retry(reportCtx, "check for leftovers", func() error { return rep.checkLeftovers(reportCtx, router, c) }); err != nil {
 		return demoReport{}, err
 	}
 	if counts.any() {
@@ -209,6 +244,9 @@ func run(cfg config) (demoReport, error) {
 	}
 	fmt.Println()
 	rep.print(os.Stdout, sup.restarts.Load(), time.Since(start))
+	if len(urls) > 1 {
+		printPace(os.Stdout, orders, outcomes["oncekit"], len(urls))
+	}
 	sup.stop() // the workers write their last counts as they stop
 	if err := printMetrics(os.Stdout, metricsDir); err != nil {
 		return demoReport{}, err
@@ -235,10 +273,14 @@ func countIf(orders []Order, f func(Order) bool) int {
 // worker right after its charge; one in ten loses the provider's answer to the charge;
 // one in ten is refused by shipping (and compensated), half of those losing the answer
 // to the refund; one in ten is submitted twice.
-func makeOrders(n int, run string, killEvery int) []Order {
+func makeOrders(n int, run string, killEvery, shards int) []Order {
 	orders := make([]Order, n)
 	for i := range orders {
-		orders[i] = Order{
+		tenant := ""
+		if shards > 1 {
+			tenant = shardTenant(i % shards)
+		}
+		orders[i] = Order{Tenant: tenant,
 			ID: fmt.Sprintf("%s-order-%03d", run, i+1), SKU: fmt.Sprintf("sku-%d", i%5), Qty: 1 + i%3, Amount: int64(1000 + 10*i),
 			KillAfterCharge:    killEvery > 0 && i%killEvery == 1,
 			LoseChargeResponse: i%10 == 2,
@@ -327,7 +369,12 @@ func runOrder(ctx context.Context, c client.Client, queue, mode string, o Order,
 	if mode == "naive" {
 		wf = wfNaiveCheckout
 	}
-	ctx = keys.WithTenant(ctx, "shop")
+	tenant := o.Tenant
+	if tenant == "" {
+		tenant = "shop"
+	}
+	ctx = keys.WithTenant(ctx, tenant)
+	started := time.Now()
 	runs := []string{mode + "-" + o.ID}
 	if submitTwice {
 		// A client retried after a timeout and submitted the order again, under a new
@@ -345,6 +392,7 @@ func runOrder(ctx context.Context, c client.Client, queue, mode string, o Order,
 	}
 	wg.Wait()
 	res := results[0]
+	res.took = time.Since(started)
 	if len(results) > 1 {
 		res.secondAgrees = results[1].shipped == res.shipped && results[1].compensated == res.compensated && !results[1].unfinished
 	}

@@ -16,17 +16,19 @@ import (
 
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/policy"
+	"github.com/oncekit/oncekit/shard"
 )
 
 // outcome of one order in one saga.
 type outcome struct {
 	id                 string
 	shipped            bool
-	compensated        bool // every compensation succeeded
-	compensationFailed bool // a compensation gave up: money or stock may be out of balance
-	unfinished         bool // still running when the run stopped waiting
-	unsubmitted        bool // not submitted: the run was stopped first
-	secondAgrees       bool // the second submission, if any, ended the same way
+	compensated        bool          // every compensation succeeded
+	compensationFailed bool          // a compensation gave up: money or stock may be out of balance
+	unfinished         bool          // still running when the run stopped waiting
+	unsubmitted        bool          // not submitted: the run was stopped first
+	secondAgrees       bool          // the second submission, if any, ended the same way
+	took               time.Duration // from the first submission to the end
 	err                error
 }
 
@@ -63,7 +65,10 @@ type demoReport struct {
 	runningWorkflow int64
 }
 
-func report(ctx context.Context, pool *pgxpool.Pool, orders []Order, modes []string, outcomes map[string][]outcome) (demoReport, error) {
+// report counts what each saga did. The provider's tables are on the first pool; the
+// shop's, on every pool (one per shard), are summed over them.
+func report(ctx context.Context, pools []*pgxpool.Pool, orders []Order, modes []string, outcomes map[string][]outcome) (demoReport, error) {
+	pool := pools[0]
 	var rep demoReport
 	for _, mode := range modes {
 		t := tally{mode: mode}
@@ -105,6 +110,17 @@ func report(ctx context.Context, pool *pgxpool.Pool, orders []Order, modes []str
 			}
 		}
 		q := func(sql string, dst ...any) error { return pool.QueryRow(ctx, sql, mode).Scan(dst...) }
+		// qAll sums two counts over every shard.
+		qAll := func(sql string, a, b *int) error {
+			for _, p := range pools {
+				var x, y int
+				if err := p.QueryRow(ctx, sql, mode).Scan(&x, &y); err != nil {
+					return err
+				}
+				*a, *b = *a+x, *b+y
+			}
+			return nil
+		}
 		dup := func(table, col string) string {
 			return `SELECT coalesce(sum(n), 0), coalesce(sum(n - 1) FILTER (WHERE n > 1), 0) FROM (SELECT count(*) AS n FROM ` + table +
 				` WHERE ` + col + ` = $1 GROUP BY order_id) s`
@@ -115,7 +131,7 @@ func report(ctx context.Context, pool *pgxpool.Pool, orders []Order, modes []str
 		if err := q(dup("provider_refunds", "merchant"), &t.refunds, &t.dupRefunds); err != nil {
 			return rep, err
 		}
-		if err := q(dup("shipments", "mode"), &t.shipments, &t.dupShipments); err != nil {
+		if err := qAll(dup("shipments", "mode"), &t.shipments, &t.dupShipments); err != nil {
 			return rep, err
 		}
 		var sumCharged, sumRefunded int64
@@ -128,8 +144,12 @@ func report(ctx context.Context, pool *pgxpool.Pool, orders []Order, modes []str
 		t.charged, t.refunded = sumCharged, sumRefunded
 		// Stock taken out of the warehouse should be exactly what shipped.
 		var taken int64
-		if err := q(`SELECT coalesce(sum(10000 - available), 0) FROM inventory WHERE mode = $1`, &taken); err != nil {
-			return rep, err
+		for _, p := range pools {
+			var n int64
+			if err := p.QueryRow(ctx, `SELECT coalesce(sum(10000 - available), 0) FROM inventory WHERE mode = $1`, mode).Scan(&n); err != nil {
+				return rep, err
+			}
+			taken += n
 		}
 		var shipped int64
 		for _, n := range shippedQty {
@@ -227,8 +247,8 @@ func (r demoReport) print(w io.Writer, restarts int64, took time.Duration) {
 
 // checkLeftovers looks, after the run, for what oncekit's saga must not leave behind:
 // ledger records pending past their lease, and workflows still running.
-func (r *demoReport) checkLeftovers(ctx context.Context, pool *pgxpool.Pool, c client.Client) error {
-	l, err := ledger.New(pool, &ledger.Config{Schema: demoSchema})
+func (r *demoReport) checkLeftovers(ctx context.Context, router *shard.Router, c client.Client) error {
+	l, err := ledger.NewSharded(router, &ledger.Config{Schema: demoSchema})
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/client"
 	tworker "go.temporal.io/sdk/worker"
@@ -29,17 +28,16 @@ const (
 
 // runWorker is a worker process: both sagas' workflows and activities, until killed.
 func runWorker(ctx context.Context) error {
-	cfg, err := pgxpool.ParseConfig(os.Getenv(envDB))
+	shards := os.Getenv(envShards)
+	if shards == "" {
+		shards = shardName(0) + "=" + os.Getenv(envDB)
+	}
+	router, closePools, err := openShards(ctx, shards)
 	if err != nil {
 		return err
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = demoSchema
-	cfg.MaxConns = 20
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+	defer closePools()
+	pool := router.Shards()[0].Pool
 	tel, err := newTelemetry(ctx, os.Getenv(envOTLP))
 	if err != nil {
 		return err
@@ -51,7 +49,11 @@ func runWorker(ctx context.Context) error {
 		_ = tel.shutdown(sctx)
 	}()
 	go keepMetrics(ctx, tel.sums, os.Getenv(envMetrics))
-	l, err := ledger.New(pool, &ledger.Config{Schema: demoSchema, MeterProvider: tel.meter, TracerProvider: tel.tracer})
+	lcfg := &ledger.Config{Schema: demoSchema, MeterProvider: tel.meter, TracerProvider: tel.tracer}
+	l, err := ledger.New(pool, lcfg)
+	if len(router.Shards()) > 1 {
+		l, err = ledger.NewSharded(router, lcfg)
+	}
 	if err != nil {
 		return err
 	}
