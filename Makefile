@@ -7,7 +7,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: help demo soak test test-pg test-citus stress bench bench-scale bench-check lint fmt fuzz temporal-cli oncekit
+.PHONY: help demo soak test test-pg test-citus stress bench bench-citus bench-scale bench-check lint fmt fuzz temporal-cli oncekit
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -69,6 +69,9 @@ temporal-cli: ## Build the Temporal CLI (dev server) into ~/.cache/oncekit once;
 
 bench: temporal-cli ## Measure every guard side by side with its bare peer; prints "metric <name> <value>".
 	$(GO) run ./tools/bench
+
+bench-citus: ## The guarded business transaction on a Citus cluster (records and orders colocated by tenant) beside a single PostgreSQL, in the same rounds; needs the Citus tarball (docs/citus.md).
+	$(GO) run ./tools/bench -only citus
 
 SCALE_SIZES ?= 0 10000000 50000000
 bench-scale: ## The ledger, inbox and outbox (SCALE_TABLES) as their tables grow to SCALE_SIZES records, and their purges (long: 11 minutes up to 10 M on the development machine, 23 for the ledger alone up to 50 M).
