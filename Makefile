@@ -53,9 +53,9 @@ test-pg: ## Run the PostgreSQL packages on every other supported major (PG_VERSI
 
 # The packages whose tests run on Citus, one package (and one cluster) at a time. Without
 # -race, which make test already runs on the same code: it would double the time.
-CITUS_PACKAGES ?= ./internal/pgsql ./ledger ./inbox ./outbox ./migrate ./webhook ./idempotency
+CITUS_PACKAGES ?= ./internal/pgsql ./ledger ./activity ./saga ./inbox ./outbox ./migrate ./webhook ./idempotency
 CITUS_TEST_FLAGS ?= -count=1 -p 1 -timeout 30m
-test-citus: ## Run the ledger, inbox, outbox, migrate, webhook and idempotency tests on a throwaway Citus cluster (a coordinator, 2 workers); builds Citus once from ONCEKIT_CITUS_TARBALL.
+test-citus: ## Run the ledger, activity, saga, inbox, outbox, migrate, webhook and idempotency tests on a throwaway Citus cluster (a coordinator, 2 workers); builds Citus once from ONCEKIT_CITUS_TARBALL.
 	set -o pipefail; ONCEKIT_CITUS=1 $(GO) test -count=1 -v -run '^TestStartCitus$$' ./internal/pgtest | grep -Ev '^=== RUN'
 	ONCEKIT_CITUS=1 $(GO) test $(CITUS_TEST_FLAGS) $(CITUS_PACKAGES)
 

@@ -19,7 +19,9 @@ import (
 )
 
 // An attempt whose key another attempt holds waits for it, heartbeating, and then
-// replays the other's result instead of running the effect.
+// replays the other's result instead of running the effect. The heartbeat timeout
+// leaves a wait slice room for its round trips on a loaded machine, or through a Citus
+// coordinator.
 func TestDo_WaitsHeartbeatingForInFlightDuplicate(t *testing.T) {
 	t.Parallel()
 	l, pool := setup(t)
@@ -31,7 +33,7 @@ func TestDo_WaitsHeartbeatingForInFlightDuplicate(t *testing.T) {
 			runs.Add(1)
 			if req.SKU == "first" {
 				close(holding)
-				time.Sleep(700 * time.Millisecond) // hold the key while the duplicate waits
+				time.Sleep(2500 * time.Millisecond) // hold the key while the duplicate waits
 			}
 			var id int64
 			err := tx.QueryRow(ctx, `INSERT INTO reservations (order_id, sku, qty) VALUES ($1, 'x', 1) RETURNING id`, req.OrderID).Scan(&id)
@@ -55,7 +57,7 @@ func TestDo_WaitsHeartbeatingForInFlightDuplicate(t *testing.T) {
 		a := workflow.ExecuteActivity(workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute, RetryPolicy: retry}),
 			"first", reserveReq{OrderID: "o-wait", SKU: "first"})
 		b := workflow.ExecuteActivity(workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute,
-			HeartbeatTimeout: 400 * time.Millisecond, RetryPolicy: retry}), "second", reserveReq{OrderID: "o-wait"})
+			HeartbeatTimeout: 1500 * time.Millisecond, RetryPolicy: retry}), "second", reserveReq{OrderID: "o-wait"})
 		var ra, rb reservation
 		if err := a.Get(ctx, &ra); err != nil {
 			return nil, err

@@ -35,6 +35,17 @@ type Order struct {
 	LoseRefundResponse bool `json:"lose_refund_response,omitempty"` // the provider's answer to the refund is lost
 }
 
+// defaultShop is the tenant of the demo's one shop, and of orders that name none.
+const defaultShop = "shop"
+
+// tenant is the shop that takes the order.
+func (o Order) tenant() string {
+	if o.Tenant == "" {
+		return defaultShop
+	}
+	return o.Tenant
+}
+
 // Activity names, as registered.
 const (
 	actReserve = "inventory.reserve"
@@ -144,12 +155,13 @@ func (d *deps) naiveShip(ctx context.Context, o Order) (id int64, err error) {
 // The business effects, the same for both sagas.
 
 func reserveIn(ctx context.Context, tx pgx.Tx, mode string, o Order) (int64, error) {
-	if _, err := tx.Exec(ctx, `UPDATE inventory SET available = available - $3 WHERE mode = $1 AND sku = $2`, mode, o.SKU, o.Qty); err != nil {
+	if _, err := tx.Exec(ctx, `UPDATE inventory SET available = available - $4 WHERE tenant = $1 AND mode = $2 AND sku = $3`,
+		o.tenant(), mode, o.SKU, o.Qty); err != nil {
 		return 0, err
 	}
 	var id int64
-	err := tx.QueryRow(ctx, `INSERT INTO reservations (mode, order_id, sku, qty) VALUES ($1, $2, $3, $4) RETURNING id`,
-		mode, o.ID, o.SKU, o.Qty).Scan(&id)
+	err := tx.QueryRow(ctx, `INSERT INTO reservations (tenant, mode, order_id, sku, qty) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
+		o.tenant(), mode, o.ID, o.SKU, o.Qty).Scan(&id)
 	return id, err
 }
 
@@ -158,21 +170,21 @@ func reserveIn(ctx context.Context, tx pgx.Tx, mode string, o Order) (int64, err
 func releaseIn(ctx context.Context, tx pgx.Tx, mode string, o Order) (bool, error) {
 	var qty int
 	err := tx.QueryRow(ctx, `UPDATE reservations SET released = true
-		WHERE id = (SELECT id FROM reservations WHERE mode = $1 AND order_id = $2 AND NOT released ORDER BY id LIMIT 1)
-		RETURNING qty`, mode, o.ID).Scan(&qty)
+		WHERE tenant = $1 AND id = (SELECT id FROM reservations WHERE tenant = $1 AND mode = $2 AND order_id = $3 AND NOT released ORDER BY id LIMIT 1)
+		RETURNING qty`, o.tenant(), mode, o.ID).Scan(&qty)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	_, err = tx.Exec(ctx, `UPDATE inventory SET available = available + $3 WHERE mode = $1 AND sku = $2`, mode, o.SKU, qty)
+	_, err = tx.Exec(ctx, `UPDATE inventory SET available = available + $4 WHERE tenant = $1 AND mode = $2 AND sku = $3`, o.tenant(), mode, o.SKU, qty)
 	return err == nil, err
 }
 
 func shipIn(ctx context.Context, tx pgx.Tx, mode string, o Order) (int64, error) {
 	var id int64
-	err := tx.QueryRow(ctx, `INSERT INTO shipments (mode, order_id) VALUES ($1, $2) RETURNING id`, mode, o.ID).Scan(&id)
+	err := tx.QueryRow(ctx, `INSERT INTO shipments (tenant, mode, order_id) VALUES ($1, $2, $3) RETURNING id`, o.tenant(), mode, o.ID).Scan(&id)
 	return id, err
 }
 

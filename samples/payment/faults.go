@@ -24,16 +24,19 @@ type faultConfig struct {
 	temporalEvery    time.Duration // the Temporal dev server SIGKILLed and restarted
 	shardCrashEvery  time.Duration // the last shard's PostgreSQL crash-restarted
 	shardDown        time.Duration // how long a crashed shard stays down
+	// A Citus worker crash-restarted, each in turn, and how long it stays down.
+	citusWorkerCrashEvery, citusWorkerDown time.Duration
 }
 
 func (f faultConfig) any() bool {
-	return f.pgCrashEvery > 0 || f.backendKillEvery > 0 || f.outageEvery > 0 || f.temporalEvery > 0 || f.shardCrashEvery > 0
+	return f.pgCrashEvery > 0 || f.backendKillEvery > 0 || f.outageEvery > 0 || f.temporalEvery > 0 || f.shardCrashEvery > 0 ||
+		f.citusWorkerCrashEvery > 0
 }
 
 // faultCounts counts the faults injected and the errors seen.
 type faultCounts struct {
 	pgCrashes, backendKills, outages, temporalCrashes atomic.Int64
-	shardCrashes                                      atomic.Int64
+	shardCrashes, citusWorkerCrashes                  atomic.Int64
 	errors                                            atomic.Int64
 	mu                                                sync.Mutex
 	lastErr                                           string
@@ -66,6 +69,9 @@ func (c *faultCounts) String() string {
 		c.pgCrashes.Load(), c.backendKills.Load(), c.outages.Load(), c.temporalCrashes.Load())
 	if n := c.shardCrashes.Load(); n > 0 {
 		s += fmt.Sprintf(", %d crashes of the last shard", n)
+	}
+	if n := c.citusWorkerCrashes.Load(); n > 0 {
+		s += fmt.Sprintf(", %d Citus worker crashes", n)
 	}
 	if n := c.errors.Load(); n > 0 {
 		c.mu.Lock()
@@ -130,6 +136,10 @@ func injectFaults(ctx context.Context, env *devenv.Env, fc faultConfig, seed uin
 		counts.temporalCrashes.Add(1)
 		return env.CrashTemporal(ctx, 2*time.Second)
 	})
+	every(fc.citusWorkerCrashEvery, 7, func() error {
+		n := counts.citusWorkerCrashes.Add(1)
+		return env.CrashCitusWorker(ctx, int(n-1)%env.CitusWorkers(), fc.citusWorkerDown)
+	})
 	every(fc.shardCrashEvery, 6, func() error {
 		counts.shardCrashes.Add(1)
 		return env.CrashShard(ctx, len(env.ShardURLs)-1, fc.shardDown)
@@ -153,6 +163,9 @@ func (f faultConfig) String() string {
 	}
 	if f.shardCrashEvery > 0 {
 		parts = append(parts, fmt.Sprintf("the last shard's PostgreSQL crash-restarted every ~%s (down %s)", f.shardCrashEvery, f.shardDown))
+	}
+	if f.citusWorkerCrashEvery > 0 {
+		parts = append(parts, fmt.Sprintf("a Citus worker crash-restarted every ~%s (down %s)", f.citusWorkerCrashEvery, f.citusWorkerDown))
 	}
 	return strings.Join(parts, ", ")
 }

@@ -49,6 +49,7 @@ type config struct {
 	killEvery   int           // one order in killEvery kills the worker after its charge
 	otlp        string        // the OTLP endpoint the workers export to; "": none
 	shards      int           // PostgreSQL clusters, a shop on each; 1: one cluster, one shop
+	citus       bool          // run on a Citus coordinator with two workers
 }
 
 func main() {
@@ -74,6 +75,9 @@ func main() {
 	flag.IntVar(&cfg.shards, "shards", 1, "PostgreSQL clusters to shard the shops over by tenant, a shop on each (more than 1 runs oncekit's saga alone)")
 	flag.DurationVar(&cfg.faults.shardCrashEvery, "shard-crash-every", 0, "with -shards, crash-restart the last shard's PostgreSQL (immediate mode) about this often, while the others go on")
 	flag.DurationVar(&cfg.faults.shardDown, "shard-down", 5*time.Second, "how long a crashed shard stays down")
+	flag.BoolVar(&cfg.citus, "citus", false, "run on a throwaway Citus cluster, a coordinator and two workers, with the shop's tables distributed by tenant beside the ledger's (needs the Citus tarball: docs/citus.md)")
+	flag.DurationVar(&cfg.faults.citusWorkerCrashEvery, "citus-worker-crash-every", 0, "with -citus, crash-restart a Citus worker (immediate mode, each in turn) about this often")
+	flag.DurationVar(&cfg.faults.citusWorkerDown, "citus-worker-down", 3*time.Second, "how long a crashed Citus worker stays down")
 	flag.IntVar(&cfg.killEvery, "kill-every", 20, "one order in this many SIGKILLs the worker right after its charge (0: none)")
 	flag.StringVar(&cfg.otlp, "otlp", os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"),
 		"export the workers' metrics and traces to this OTLP/gRPC endpoint, such as http://localhost:4317 (default: OTEL_EXPORTER_OTLP_ENDPOINT; empty: export nothing)")
@@ -114,11 +118,17 @@ func run(cfg config) (demoReport, error) {
 	if cfg.faults.shardCrashEvery > 0 && cfg.shards < 2 {
 		return demoReport{}, errors.New("-shard-crash-every needs -shards 2 or more")
 	}
+	if cfg.faults.citusWorkerCrashEvery > 0 && !cfg.citus {
+		return demoReport{}, errors.New("-citus-worker-crash-every needs -citus")
+	}
+	if cfg.citus && cfg.shards > 1 {
+		return demoReport{}, errors.New("-citus and -shards exclude each other: Citus spreads one database over its workers itself")
+	}
 	tmp, err := devenv.Start(ctx, &devenv.Config{UIPort: cfg.uiPort, Progress: os.Stderr,
-		PersistTemporal: cfg.faults.temporalEvery > 0, Keep: cfg.keep, Shards: cfg.shards,
+		PersistTemporal: cfg.faults.temporalEvery > 0, Keep: cfg.keep, Shards: cfg.shards, Citus: cfg.citus,
 		// A crash of a server with fsync off loses commits that were acknowledged:
 		// that would be PostgreSQL's failure, not the saga's.
-		Durable: cfg.faults.pgCrashEvery > 0 || cfg.faults.outageEvery > 0 || cfg.faults.shardCrashEvery > 0})
+		Durable: cfg.faults.pgCrashEvery > 0 || cfg.faults.outageEvery > 0 || cfg.faults.shardCrashEvery > 0 || cfg.faults.citusWorkerCrashEvery > 0})
 	if err != nil {
 		return demoReport{}, fmt.Errorf("start the servers: %w", err)
 	}
@@ -147,11 +157,12 @@ func run(cfg config) (demoReport, error) {
 	if len(urls) == 0 {
 		urls = []string{tmp.DatabaseURL}
 	}
+	tenants := demoTenants(len(urls), cfg.citus)
 	var pools []*pgxpool.Pool
 	for _, url := range urls {
 		var p *pgxpool.Pool
 		if err := retry(ctx, "set up the demo's schemas", func() (err error) {
-			p, err = setupDatabase(ctx, url)
+			p, err = setupDatabase(ctx, url, tenants)
 			return err
 		}); err != nil {
 			return demoReport{}, err
@@ -199,7 +210,7 @@ func run(cfg config) (demoReport, error) {
 	}
 	defer c.Close()
 
-	orders := makeOrders(cfg.orders, queue, cfg.killEvery, len(urls))
+	orders := makeOrders(cfg.orders, queue, cfg.killEvery, tenants)
 	modes := []string{"oncekit"}
 	if cfg.naive {
 		modes = append(modes, "naive")
@@ -269,16 +280,16 @@ func countIf(orders []Order, f func(Order) bool) int {
 	return n
 }
 
-// makeOrders gives orders faults, the same for both sagas: one in twenty kills the
-// worker right after its charge; one in ten loses the provider's answer to the charge;
-// one in ten is refused by shipping (and compensated), half of those losing the answer
-// to the refund; one in ten is submitted twice.
-func makeOrders(n int, run string, killEvery, shards int) []Order {
+// makeOrders gives orders to the shops in turn, and faults, the same for both sagas:
+// one in twenty kills the worker right after its charge; one in ten loses the
+// provider's answer to the charge; one in ten is refused by shipping (and compensated),
+// half of those losing the answer to the refund; one in ten is submitted twice.
+func makeOrders(n int, run string, killEvery int, tenants []string) []Order {
 	orders := make([]Order, n)
 	for i := range orders {
-		tenant := ""
-		if shards > 1 {
-			tenant = shardTenant(i % shards)
+		tenant := tenants[i%len(tenants)]
+		if tenant == defaultShop {
+			tenant = ""
 		}
 		orders[i] = Order{Tenant: tenant,
 			ID: fmt.Sprintf("%s-order-%03d", run, i+1), SKU: fmt.Sprintf("sku-%d", i%5), Qty: 1 + i%3, Amount: int64(1000 + 10*i),
@@ -369,11 +380,7 @@ func runOrder(ctx context.Context, c client.Client, queue, mode string, o Order,
 	if mode == "naive" {
 		wf = wfNaiveCheckout
 	}
-	tenant := o.Tenant
-	if tenant == "" {
-		tenant = "shop"
-	}
-	ctx = keys.WithTenant(ctx, tenant)
+	ctx = keys.WithTenant(ctx, o.tenant())
 	started := time.Now()
 	runs := []string{mode + "-" + o.ID}
 	if submitTwice {
@@ -530,7 +537,11 @@ func startProvider(pool *pgxpool.Pool) (string, func(), error) {
 	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
 }
 
-func setupDatabase(ctx context.Context, url string) (*pgxpool.Pool, error) {
+// setupDatabase recreates the demo's schemas on url with the shop's tables, keyed by
+// tenant and stocked for each of tenants. On Citus they are distributed by tenant beside
+// the ledger's records, so each step's transaction stays on the node of its shop; the
+// provider's tables, its own business, stay on the coordinator.
+func setupDatabase(ctx context.Context, url string, tenants []string) (*pgxpool.Pool, error) {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return nil, err
@@ -545,13 +556,29 @@ func setupDatabase(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		}
 	}
 	_, err = conn.Exec(ctx, `SET search_path TO `+demoSchema+`;
-		CREATE TABLE inventory (mode text NOT NULL, sku text NOT NULL, available int NOT NULL, PRIMARY KEY (mode, sku));
-		INSERT INTO inventory SELECT m, 'sku-' || i, 10000 FROM unnest(ARRAY['oncekit', 'naive']) m, generate_series(0, 4) i;
-		CREATE TABLE reservations (id bigserial PRIMARY KEY, mode text NOT NULL, order_id text NOT NULL, sku text NOT NULL, qty int NOT NULL, released bool NOT NULL DEFAULT false);
-		CREATE TABLE shipments (id bigserial PRIMARY KEY, mode text NOT NULL, order_id text NOT NULL);
+		CREATE TABLE inventory (tenant text NOT NULL, mode text NOT NULL, sku text NOT NULL, available int NOT NULL, PRIMARY KEY (tenant, mode, sku));
+		CREATE TABLE reservations (tenant text NOT NULL, id bigserial, mode text NOT NULL, order_id text NOT NULL, sku text NOT NULL, qty int NOT NULL,
+			released bool NOT NULL DEFAULT false, PRIMARY KEY (tenant, id));
+		CREATE TABLE shipments (tenant text NOT NULL, id bigserial, mode text NOT NULL, order_id text NOT NULL, PRIMARY KEY (tenant, id));
 		CREATE TABLE provider_charges (id bigserial PRIMARY KEY, merchant text NOT NULL, order_id text NOT NULL, amount bigint NOT NULL, idempotency_key text);
 		CREATE TABLE provider_refunds (id bigserial PRIMARY KEY, merchant text NOT NULL, order_id text NOT NULL, charge_id bigint NOT NULL, amount bigint NOT NULL, idempotency_key text)`)
 	if err != nil {
+		return nil, err
+	}
+	var citus bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
+		return nil, err
+	}
+	if citus {
+		for _, t := range []string{"inventory", "reservations", "shipments"} {
+			if _, err := conn.Exec(ctx, `SELECT create_distributed_table($1, 'tenant', colocate_with => $2)`,
+				demoSchema+"."+t, demoSchema+".idempotency_records"); err != nil {
+				return nil, fmt.Errorf("distribute %s: %w", t, err)
+			}
+		}
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO `+demoSchema+`.inventory
+		SELECT t, m, 'sku-' || i, 10000 FROM unnest($1::text[]) t, unnest(ARRAY['oncekit', 'naive']) m, generate_series(0, 4) i`, tenants); err != nil {
 		return nil, err
 	}
 	cfg, err := pgxpool.ParseConfig(url)

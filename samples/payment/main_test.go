@@ -51,6 +51,20 @@ func TestSoakShort(t *testing.T) {
 	}
 }
 
+// Over two shards, a shop on each and the second crash-restarted during the run: every
+// order of both shops finishes clean, without a duplicate.
+func TestShardsWithOneCrashed(t *testing.T) {
+	if os.Getenv("DATABASE_URL") != "" {
+		t.Skip("shards are clusters of the demo's own; unset DATABASE_URL")
+	}
+	rep, err := run(config{orders: 60, concurrency: 30, killEvery: 20, grace: 2 * time.Minute, seed: 3, shards: 2,
+		faults: faultConfig{shardCrashEvery: 4 * time.Second, shardDown: 2 * time.Second}})
+	require.NoError(t, err)
+	require.True(t, rep.ok(), "oncekit saga over two shards, one crash-restarted")
+	require.Contains(t, rep.faults, "crashes of the last shard", "the shard was crashed")
+	require.Len(t, rep.tallies, 1, "the naive saga knows no tenants and does not run over shards")
+}
+
 // An interrupted run (here, by -duration) stops submitting, waits for the orders in
 // flight, and reports the ones it submitted; a grace too short to finish them leaves
 // them unfinished, and the verdict says so with their IDs.

@@ -31,7 +31,7 @@ func TestCrashPointMatrix(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = env.Close() })
 	srv := testsuite.StartDevServer(t)
-	pool, err := setupDatabase(ctx, env.DatabaseURL)
+	pool, err := setupDatabase(ctx, env.DatabaseURL, []string{defaultShop})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	providerURL, stopProvider, err := startProvider(pool)

@@ -24,6 +24,22 @@ func shardName(i int) string { return string(rune('a' + i)) }
 // by the demo's picker.
 func shardTenant(i int) string { return "shop-" + shardName(i) }
 
+// demoTenants are the shops of a run: one per shard; on Citus four, which Citus spreads
+// over its workers; otherwise the one shop.
+func demoTenants(shards int, citus bool) []string {
+	if citus {
+		shards = 4
+	}
+	if shards <= 1 {
+		return []string{defaultShop}
+	}
+	tenants := make([]string, shards)
+	for i := range tenants {
+		tenants[i] = shardTenant(i)
+	}
+	return tenants
+}
+
 // demoPicker places each shop on its shard.
 func demoPicker(n int) shard.Picker {
 	m := map[string]string{}
