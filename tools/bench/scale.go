@@ -235,8 +235,13 @@ func fill(ctx context.Context, pool *pgxpool.Pool, table, insert string, n int, 
 			return err
 		}
 	}
-	if err := exec("VACUUM (ANALYZE) " + table); err != nil {
-		return err
+	// A vacuum of an empty table records it as empty, and a statement planned so (as
+	// the generic plan of a prepared statement) scans the table in full as it grows: the
+	// empty ledger beside it, never vacuumed, would not be its like.
+	if n > 0 {
+		if err := exec("VACUUM (ANALYZE) " + table); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(os.Stderr, "bench: %s: %d rows loaded and indexed in %s\n", table, n, time.Since(start).Round(time.Second))
 	return exec("CHECKPOINT")
@@ -522,6 +527,11 @@ func (b scaleBench) ledgerSizes(ctx context.Context, pool *pgxpool.Pool, emit fu
 			return gen, err
 		}
 		emit("scale.ledger.fill_seconds."+sizeLabel(size), time.Since(gen).Seconds())
+		if os.Getenv("SCALE_PREWARM") == "1" {
+			if err := prewarmKey(ctx, pool, "scale.ledger.prewarm_blocks."+sizeLabel(size), emit); err != nil {
+				return gen, err
+			}
+		}
 		if _, err := pool.Exec(ctx, "TRUNCATE "+pgx.Identifier{scaleEmptySchema, "idempotency_records"}.Sanitize()); err != nil {
 			return gen, err
 		}
@@ -557,6 +567,11 @@ func (b scaleBench) ledgerSizes(ctx context.Context, pool *pgxpool.Pool, emit fu
 				return scaleReplay(ctx, full, ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: op}, Key: key, Fingerprint: scaleFingerprint(i)})
 			}})
 		}
+		// Each page a statement dirties first after a checkpoint goes to the WAL whole: a
+		// checkpoint just before the timing starts every size alike.
+		if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+			return gen, err
+		}
 		lat, err := timeAll(ctx, b.samples, 10, scens)
 		if err != nil {
 			return gen, err
@@ -575,11 +590,90 @@ func (b scaleBench) ledgerSizes(ctx context.Context, pool *pgxpool.Pool, emit fu
 				emit("scale.ledger."+r[0]+"_vs_empty_p99."+label, quantile(xs, 0.99)/quantile(ref, 0.99))
 			}
 		}
-		if err := tableBytes(ctx, pool, "idempotency_records", size+2000+b.samples, "scale.ledger."+label+".", emit); err != nil {
+		if err := firstCounters(ctx, pool, b.samples, label, full, empty, fp, emit); err != nil {
+			return gen, err
+		}
+		if err := tableBytes(ctx, pool, "idempotency_records", size+2*b.samples+2000, "scale.ledger."+label+".", emit); err != nil {
 			return gen, err
 		}
 	}
 	return gen, nil
+}
+
+// prewarmKey loads the ledger's primary-key index into shared_buffers with pg_prewarm
+// and emits how many blocks it loaded as name.
+func prewarmKey(ctx context.Context, pool *pgxpool.Pool, name string, emit func(string, float64)) error {
+	if _, err := pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_prewarm"); err != nil {
+		return err
+	}
+	start := time.Now()
+	var blocks int64
+	if err := pool.QueryRow(ctx, `SELECT pg_prewarm(conindid::regclass) FROM pg_constraint
+		WHERE conrelid = 'idempotency_records'::regclass AND contype = 'p'`).Scan(&blocks); err != nil {
+		return fmt.Errorf("pg_prewarm: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "bench: idempotency_records_pkey: %d blocks prewarmed in %s\n", blocks, time.Since(start).Round(time.Second))
+	emit(name, float64(blocks))
+	return nil
+}
+
+// serverCounters are the cluster's WAL counters (pg_stat_wal) and the database's block
+// reads from outside shared_buffers and hits (pg_stat_database).
+type serverCounters struct{ walRecords, walFPI, walBytes, blksRead, blksHit float64 }
+
+// statsFlush is how long the cumulative statistics may lag: an idle server process
+// reports its counters within 10 seconds (PGSTAT_IDLE_INTERVAL).
+const statsFlush = 11 * time.Second
+
+// readCounters waits for every idle server process to have reported its counters, then
+// reads them.
+func readCounters(ctx context.Context, pool *pgxpool.Pool) (serverCounters, error) {
+	var c serverCounters
+	select {
+	case <-ctx.Done():
+		return c, ctx.Err()
+	case <-time.After(statsFlush):
+	}
+	err := pool.QueryRow(ctx, `SELECT w.wal_records::float8, w.wal_fpi::float8, w.wal_bytes::float8, d.blks_read::float8, d.blks_hit::float8
+		FROM pg_stat_wal w, pg_stat_database d WHERE d.datname = current_database()`).Scan(&c.walRecords, &c.walFPI, &c.walBytes, &c.blksRead, &c.blksHit)
+	return c, err
+}
+
+// firstCounters runs n first executions on the full ledger, then n on the empty one,
+// each alone after the timed rounds (whose scenarios are interleaved), and emits per
+// first execution the WAL records, full-page images and bytes and the database's block
+// reads from outside shared_buffers and hits, counted across the server: other work
+// (autovacuum, the checkpointer's WAL) counts too.
+func firstCounters(ctx context.Context, pool *pgxpool.Pool, n int, label string, full, empty *ledger.Ledger, fp keys.Fingerprint,
+	emit func(string, float64)) error {
+	c0, err := readCounters(ctx, pool)
+	if err != nil {
+		return err
+	}
+	for _, side := range []struct {
+		name string
+		l    *ledger.Ledger
+	}{{"first", full}, {"first_empty", empty}} {
+		first := scaleFirst(side.l, fp)
+		for range n {
+			if err := first(ctx); err != nil {
+				return fmt.Errorf("%s: %w", side.name, err)
+			}
+		}
+		c1, err := readCounters(ctx, pool)
+		if err != nil {
+			return err
+		}
+		p := "scale.ledger." + side.name
+		per := func(a, b float64) float64 { return (b - a) / float64(n) }
+		emit(p+"_wal_records."+label, per(c0.walRecords, c1.walRecords))
+		emit(p+"_wal_fpi."+label, per(c0.walFPI, c1.walFPI))
+		emit(p+"_wal_bytes."+label, per(c0.walBytes, c1.walBytes))
+		emit(p+"_blks_read."+label, per(c0.blksRead, c1.blksRead))
+		emit(p+"_blks_hit."+label, per(c0.blksHit, c1.blksHit))
+		c0 = c1
+	}
+	return nil
 }
 
 // scaleReplay replays in, which must have been completed.
