@@ -27,5 +27,6 @@
 //
 // A shard that is down fails the calls of its tenants only; the other shards' calls go
 // on. A tenant no picker places, or a picker naming a shard the router lacks, is an
-// [*UnroutableError].
+// [*UnroutableError]; a transaction on another shard than its tenant's, a
+// [*WrongShardError].
 package shard
