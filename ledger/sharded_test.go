@@ -297,3 +297,51 @@ func TestSharded_OneShardDownTheOtherGoesOn(t *testing.T) {
 	require.Equal(t, before, runs.Load(), "no fn ran again for the replayed key")
 	require.Equal(t, 1, countOrders(t, sb.pools["b"], onB))
 }
+
+// Pages of List over both shards, with many records created in the same instant so
+// that the order rests on tenant, operation and key: paging with After lists every
+// record once, newest first.
+func TestSharded_ListPagesSkipAndRepeatNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, sb := setupSharded(t, nil)
+	tenants := append(sb.tenantsOn(t, "a", 3), sb.tenantsOn(t, "b", 3)...)
+	want := map[string]bool{}
+	for i := range 4 {
+		for _, tenant := range tenants {
+			key := fmt.Sprintf("k-%d", i)
+			_, err := l.Do(ctx, intent(t, tenant, key, order{Item: key}), createOrder(tenant, order{Item: key}), nil)
+			require.NoError(t, err)
+			want[tenant+"/"+key] = true
+		}
+		if i%2 == 1 {
+			sb.clock.Advance(time.Second)
+		}
+	}
+	for _, limit := range []int{1, 2, 5} {
+		seen := map[string]int{}
+		var prev *ledger.Record
+		opts := &ledger.ListOpts{Limit: limit}
+		for {
+			page, err := l.List(ctx, opts)
+			require.NoError(t, err)
+			if len(page) == 0 {
+				break
+			}
+			for i := range page {
+				r := page[i]
+				seen[r.Scope.Tenant+"/"+string(r.Key)]++
+				if prev != nil {
+					require.False(t, r.CreatedAt.After(prev.CreatedAt), "limit %d: newest first", limit)
+				}
+				prev = &page[i]
+			}
+			opts.After = &page[len(page)-1]
+		}
+		require.Len(t, seen, len(want), "limit %d: every record listed", limit)
+		for id, n := range seen {
+			require.True(t, want[id], "limit %d: %s", limit, id)
+			require.Equal(t, 1, n, "limit %d: %s listed once", limit, id)
+		}
+	}
+}

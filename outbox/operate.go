@@ -174,7 +174,8 @@ func (o *Outbox) ListDead(ctx context.Context, opts *DeadOpts) ([]DeadEvent, err
 // RetryDeadOpts choose the dead events [Outbox.RetryDead] sends again: the events
 // named by IDs, or every dead event of Topic, or, with All, every dead event.
 type RetryDeadOpts struct {
-	// IDs names the events; each must be dead. Defaults to none.
+	// IDs names the events; each must be dead, and one named twice is retried once.
+	// Defaults to none.
 	IDs []uuid.UUID
 	// Topic chooses every dead event of the topic. Defaults to "".
 	Topic string
@@ -202,6 +203,7 @@ func (o *Outbox) RetryDead(ctx context.Context, opts *RetryDeadOpts) ([]uuid.UUI
 	if chosen != 1 {
 		return nil, errors.New("oncekit/outbox: RetryDead takes exactly one of RetryDeadOpts.IDs, Topic and All")
 	}
+	c.IDs = distinct(c.IDs) // an ID named twice is one event to retry
 	if len(c.IDs) > MaxRetryDead {
 		return nil, fmt.Errorf("oncekit/outbox: %d events to retry, more than MaxRetryDead (%d): retry them in parts", len(c.IDs), MaxRetryDead)
 	}
@@ -293,6 +295,19 @@ func (o *Outbox) RetryDead(ctx context.Context, opts *RetryDeadOpts) ([]uuid.UUI
 		retried = []uuid.UUID{}
 	}
 	return retried, nil
+}
+
+// distinct returns ids without repeats, in the order of their first appearance.
+func distinct(ids []uuid.UUID) []uuid.UUID {
+	seen := make(map[uuid.UUID]bool, len(ids))
+	out := ids[:0:0]
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // notDead reports the IDs of want that found does not hold.

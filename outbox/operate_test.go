@@ -71,3 +71,26 @@ func TestOutbox_RetryDeadIsAllOrNothing(t *testing.T) {
 	_, err = b.out.Get(ctx, uuid.New())
 	require.ErrorIs(t, err, outbox.ErrEventNotFound)
 }
+
+// An ID named twice is one event to retry: RetryDead retries it once, beside the
+// others, instead of refusing them all with a NotDeadError that names no event.
+func TestOutbox_RetryDeadRepeatedID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	d1, d2 := b.enqueue(t, "a"), b.enqueue(t, "a")
+	b.killAll(t)
+	ids, err := b.out.RetryDead(ctx, &outbox.RetryDeadOpts{IDs: []uuid.UUID{d2, d1, d2}})
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{d1, d2}, ids, "each once, in the outbox's order")
+	st, err := b.out.Stats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, outbox.Stats{Pending: 2}, st)
+
+	live := b.enqueue(t, "a")
+	_, err = b.out.RetryDead(ctx, &outbox.RetryDeadOpts{IDs: []uuid.UUID{live, live}})
+	var nd *outbox.NotDeadError
+	require.ErrorAs(t, err, &nd)
+	require.Equal(t, []uuid.UUID{live}, nd.IDs, "named once")
+	require.Equal(t, 1, nd.Count)
+}
