@@ -22,6 +22,7 @@ import (
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/shard"
 )
 
 // The history checker's stubbed durations: records expire and leases lapse while the
@@ -94,9 +95,13 @@ type histEnv struct {
 	clock   *stubClock
 	ledgers map[string]*ledger.Ledger // by exec mode
 	execs   []string
-	pool    *pgxpool.Pool
+	pools   []*pgxpool.Pool // a pool on each shard
 	schema  string
-	nextID  atomic.Int64
+	// tenants are the tenants keys are spread over: one on each shard.
+	tenants []string
+	// crash is the shard a sharded run crash-restarts now and then; nil for one shard.
+	crash  *pgtest.Cluster
+	nextID atomic.Int64
 
 	mu    sync.Mutex
 	calls []*hcall
@@ -116,39 +121,112 @@ func (e *histEnv) event(c *hcall, kind, detail string) int {
 // faults and a clock that makes records expire and leases lapse mid-run, records every
 // call, fn start and committed effect, and checks the ledger's contract on the history.
 func TestHistoryLedger(t *testing.T) {
-	run := history.Start(t, "./ledger", 20*time.Second)
 	ctx := context.Background()
+	run := history.Start(t, "./ledger", 20*time.Second)
 	_, b := setup(t, nil)
-	_, err := b.pool.Exec(ctx, `CREATE TABLE effects (key text NOT NULL, call_id bigint PRIMARY KEY, at timestamptz NOT NULL)`)
+	e := &histEnv{t: t, run: run, log: history.NewLog(), clock: b.clock, ledgers: map[string]*ledger.Ledger{},
+		pools: []*pgxpool.Pool{b.pool}, schema: b.schema, tenants: []string{"acme"}}
+	_, err := b.pool.Exec(ctx, histEffectsTable)
 	require.NoError(t, err)
-
-	e := &histEnv{t: t, run: run, log: history.NewLog(), clock: b.clock, ledgers: map[string]*ledger.Ledger{}, pool: b.pool, schema: b.schema}
 	for _, mode := range pgtest.ExecModes {
-		pool := pgtest.Pool(t, b.schema, func(c *pgxpool.Config) {
-			c.MaxConns = 6
-			c.ConnConfig.DefaultQueryExecMode = mode
-			c.ConnConfig.RuntimeParams["application_name"] = "oncekit-history"
-		})
-		l, err := ledger.New(pool, &ledger.Config{Schema: b.schema, Retention: histRetention, Lease: histLease,
-			Test: ledger.TestConfig{NowFunc: b.clock.Now}})
+		l, err := ledger.New(e.execPool(pgtest.URL(t), mode), e.config())
 		require.NoError(t, err)
-		name := mode.String()
-		e.ledgers[name] = l
-		e.execs = append(e.execs, name)
+		e.addLedger(mode, l)
 	}
-	sort.Strings(e.execs)
+	e.runAll()
+}
 
+// TestHistoryLedgerSharded is TestHistoryLedger on a ledger over two shards, keys
+// spread over a tenant on each, with the second shard crash-restarted now and then
+// besides the other faults.
+func TestHistoryLedgerSharded(t *testing.T) {
+	if pgtest.IsCitus() {
+		t.Skip("shards are independent PostgreSQL clusters; the Citus run covers one cluster")
+	}
+	ctx := context.Background()
+	run := history.Start(t, "./ledger", 10*time.Second)
+	pools, schema, clusters := pgtest.Shards(t, 2)
+	urls := []string{pgtest.URL(t), clusters[0].ConnString()}
+	var dbNow time.Time
+	require.NoError(t, pools[0].QueryRow(ctx, "SELECT now()").Scan(&dbNow))
+	e := &histEnv{t: t, run: run, log: history.NewLog(), clock: &stubClock{now: dbNow}, ledgers: map[string]*ledger.Ledger{},
+		pools: pools, schema: schema, crash: clusters[0]}
+	names := []string{"a", "b"}
+	for _, p := range pools {
+		_, err := ledger.Migrate(ctx, p, schema)
+		require.NoError(t, err)
+		_, err = p.Exec(ctx, histEffectsTable)
+		require.NoError(t, err)
+	}
+	pick := shard.Hash(names...)
+	for _, want := range names {
+		for i := 0; ; i++ {
+			if tenant := "tenant-" + strconv.Itoa(i); must(pick(tenant)) == want {
+				e.tenants = append(e.tenants, tenant)
+				break
+			}
+		}
+	}
+	for _, mode := range pgtest.ExecModes {
+		var shards []shard.Shard
+		for i, url := range urls {
+			shards = append(shards, shard.Shard{Name: names[i], Pool: e.execPool(url, mode)})
+		}
+		r, err := shard.New(shards, pick)
+		require.NoError(t, err)
+		l, err := ledger.NewSharded(r, e.config())
+		require.NoError(t, err)
+		e.addLedger(mode, l)
+	}
+	e.runAll()
+}
+
+func must(s string, err error) string {
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+const histEffectsTable = `CREATE TABLE effects (key text NOT NULL, call_id bigint PRIMARY KEY, at timestamptz NOT NULL)`
+
+func (e *histEnv) config() *ledger.Config {
+	return &ledger.Config{Schema: e.schema, Retention: histRetention, Lease: histLease, Test: ledger.TestConfig{NowFunc: e.clock.Now}}
+}
+
+// execPool is a pool on url that sends statements in mode.
+func (e *histEnv) execPool(url string, mode pgx.QueryExecMode) *pgxpool.Pool {
+	return pgtest.PoolOn(e.t, url, e.schema, func(c *pgxpool.Config) {
+		c.MaxConns = 6
+		c.ConnConfig.DefaultQueryExecMode = mode
+		c.ConnConfig.RuntimeParams["application_name"] = "oncekit-history"
+		c.ConnConfig.ConnectTimeout = 2 * time.Second
+	})
+}
+
+func (e *histEnv) addLedger(mode pgx.QueryExecMode, l *ledger.Ledger) {
+	e.ledgers[mode.String()] = l
+	e.execs = append(e.execs, mode.String())
+	sort.Strings(e.execs)
+}
+
+// runAll runs the clients and the faults for the run's duration, then checks the history.
+func (e *histEnv) runAll() {
+	t := e.t
 	stop := make(chan struct{})
 	var faults sync.WaitGroup
 	faults.Go(func() { e.moveClock(stop) })
 	faults.Go(func() { e.purge(stop) })
 	faults.Go(func() { e.killBackends(stop) })
+	if e.crash != nil {
+		faults.Go(func() { e.crashShard(stop) })
+	}
 
-	deadline := time.Now().Add(run.Duration)
+	deadline := time.Now().Add(e.run.Duration)
 	var clients sync.WaitGroup
 	for i := range histClients {
 		clients.Go(func() {
-			rng := run.Rand(i)
+			rng := e.run.Rand(i)
 			for time.Now().Before(deadline) {
 				e.step(i, rng)
 			}
@@ -159,8 +237,26 @@ func TestHistoryLedger(t *testing.T) {
 	faults.Wait()
 
 	ops := e.check()
-	t.Logf("history: %d calls, %d events, seed %d", ops, e.log.Len(), run.Seed)
+	t.Logf("history: %d calls, %d events, seed %d", ops, e.log.Len(), e.run.Seed)
 	e.log.DumpOnFailure(t)
+}
+
+// crashShard crash-restarts the second shard now and then, for a moment.
+func (e *histEnv) crashShard(stop chan struct{}) {
+	rng := e.run.Rand(1003)
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(1000+rng.IntN(2000)) * time.Millisecond):
+		}
+		down := time.Duration(50+rng.IntN(300)) * time.Millisecond
+		e.log.Add(history.Event{Client: -1, Kind: "fault", Op: "crash", Detail: "shard b, down " + down.String()})
+		if err := e.crash.Crash(context.Background(), down); err != nil {
+			e.t.Errorf("crash shard b: %v", err)
+			return
+		}
+	}
 }
 
 // moveClock advances the stubbed clock about as fast as real time, with an occasional
@@ -212,22 +308,30 @@ func (e *histEnv) killBackends(stop chan struct{}) {
 		case <-time.After(time.Duration(100+rng.IntN(600)) * time.Millisecond):
 		}
 		var pid int32
-		err := e.pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
+		pool := e.pools[rng.IntN(len(e.pools))]
+		err := pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
 			WHERE application_name = 'oncekit-history' AND state <> 'idle' ORDER BY random() LIMIT 1`).Scan(&pid)
 		if err != nil {
 			continue
 		}
-		if _, err := e.pool.Exec(context.Background(), "SELECT pg_terminate_backend($1::int)", pid); err == nil {
+		if _, err := pool.Exec(context.Background(), "SELECT pg_terminate_backend($1::int)", pid); err == nil {
 			e.log.Add(history.Event{Client: -1, Kind: "fault", Op: "terminate", Detail: "backend " + strconv.Itoa(int(pid))})
 		}
 	}
 }
 
-func histScope(op string) keys.Scope { return keys.Scope{Tenant: "acme", Operation: op} }
+// scope is the scope of key: its tenant is one of the run's, chosen by the key.
+func (e *histEnv) scope(op, key string) keys.Scope {
+	h := 0
+	for _, b := range []byte(key) {
+		h = h*31 + int(b)
+	}
+	return keys.Scope{Tenant: e.tenants[h%len(e.tenants)], Operation: op}
+}
 
-func histIntent(op, key string, payload int) ledger.Intent {
+func (e *histEnv) intent(op, key string, payload int) ledger.Intent {
 	fp, _ := keys.FingerprintJSON(map[string]int{"payload": payload})
-	return ledger.Intent{Scope: histScope(op), Key: keys.Key(key), Fingerprint: fp}
+	return ledger.Intent{Scope: e.scope(op, key), Key: keys.Key(key), Fingerprint: fp}
 }
 
 // step runs one call chosen by rng.
@@ -329,7 +433,7 @@ func (e *histEnv) fn(c *hcall, rng *rand.Rand) ledger.Func {
 // guarded runs a Do or a DoTx.
 func (e *histEnv) guarded(c *hcall, rng *rand.Rand, commit bool) {
 	l := e.ledgers[c.exec]
-	in := histIntent("do", c.key, c.payload)
+	in := e.intent("do", c.key, c.payload)
 	ctx := context.Background()
 	if c.deadline > 0 {
 		var cancel context.CancelFunc
@@ -351,7 +455,12 @@ func (e *histEnv) guarded(c *hcall, rng *rand.Rand, commit bool) {
 		c.kind = classify(c.err)
 		return
 	}
-	tx, err := l.Pool().BeginTx(context.Background(), pgx.TxOptions{IsoLevel: c.iso})
+	pool, err := l.Router().Pool(in.Scope.Tenant)
+	if err != nil {
+		c.err, c.kind = err, "conn"
+		return
+	}
+	tx, err := pool.BeginTx(context.Background(), pgx.TxOptions{IsoLevel: c.iso})
 	if err != nil {
 		c.err, c.kind = err, "conn"
 		return
@@ -391,7 +500,7 @@ func (e *histEnv) guarded(c *hcall, rng *rand.Rand, commit bool) {
 func (e *histEnv) external(c *hcall, rng *rand.Rand) {
 	l := e.ledgers[c.exec]
 	c.op, c.mode = "Ext", "Claim"
-	in := histIntent("ext", c.key, 0)
+	in := e.intent("ext", c.key, 0)
 	ctx := context.Background()
 	var wait time.Duration
 	if rng.IntN(2) == 0 {
@@ -447,6 +556,7 @@ func (c *hcall) describe() string {
 func classify(err error) string {
 	var derr *ledger.DefinitiveError
 	var pgErr *pgconn.PgError
+	var connectErr *pgconn.ConnectError
 	switch {
 	case err == nil:
 		return ""
@@ -466,6 +576,8 @@ func classify(err error) string {
 		return "retryable"
 	case errors.As(err, &pgErr) && (pgErr.Code == "57P01" || pgErr.Code == "40001" || pgErr.Code == "40P01"):
 		return "conn" // terminated backend, or the caller's own serialization failure
+	case errors.As(err, &connectErr), errors.As(err, &pgErr) && (pgErr.Code == "57P02" || pgErr.Code == "57P03"):
+		return "conn" // a crashed shard: down, or starting up
 	case pgconn.SafeToRetry(err), errors.Is(err, pgx.ErrTxClosed), strings.Contains(err.Error(), "conn closed"),
 		strings.Contains(err.Error(), "unexpected EOF"), strings.Contains(err.Error(), "connection reset"),
 		strings.Contains(err.Error(), "broken pipe"), strings.Contains(err.Error(), "terminating connection"),
@@ -496,15 +608,21 @@ func (e *histEnv) check() int {
 		byID[c.id] = c
 	}
 	effects := map[int64]time.Time{}
-	rows, err := e.pool.Query(ctx, "SELECT call_id, at FROM effects")
-	require.NoError(t, err)
-	for rows.Next() {
-		var id int64
-		var at time.Time
-		require.NoError(t, rows.Scan(&id, &at))
-		effects[id] = at
+	for _, pool := range e.pools {
+		var rows pgx.Rows
+		require.Eventually(t, func() bool { // a shard may be coming back from a crash
+			var err error
+			rows, err = pool.Query(ctx, "SELECT call_id, at FROM effects")
+			return err == nil
+		}, 30*time.Second, 100*time.Millisecond)
+		for rows.Next() {
+			var id int64
+			var at time.Time
+			require.NoError(t, rows.Scan(&id, &at))
+			effects[id] = at
+		}
+		require.NoError(t, rows.Err())
 	}
-	require.NoError(t, rows.Err())
 
 	var vs []history.Violation
 	bad := func(check string, c *hcall, format string, args ...any) {

@@ -140,7 +140,7 @@ func NewSchemaOn(tb testing.TB, url string) (*pgxpool.Pool, string) {
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		tb.Fatalf("pgtest: create schema: %v", err)
 	}
-	pool := poolOn(tb, url, schema, nil)
+	pool := PoolOn(tb, url, schema, nil)
 	tb.Cleanup(func() {
 		pool.Close()
 		conn, err := pgx.Connect(ctx, url)
@@ -158,10 +158,11 @@ func NewSchemaOn(tb testing.TB, url string) (*pgxpool.Pool, string) {
 
 // ExtraCluster starts a throwaway cluster of its own for one test, beside the test
 // server, of the same PostgreSQL major (ONCEKIT_PG_VERSION, or the machine's); it is
-// removed at cleanup. Tests of shards take one as their second shard, and may crash it.
+// removed at cleanup. Tests of shards take one as their second shard, and may crash it:
+// it is durable, so a crash loses no commit it acknowledged.
 func ExtraCluster(tb testing.TB) *Cluster {
 	tb.Helper()
-	c, err := StartCluster(context.Background(), nil)
+	c, err := StartCluster(context.Background(), &ClusterOpts{Durable: true})
 	if err != nil {
 		tb.Fatalf("pgtest: start a cluster: %v", err)
 	}
@@ -174,10 +175,11 @@ func ExtraCluster(tb testing.TB) *Cluster {
 // cleanup.
 func Pool(tb testing.TB, schema string, configure func(*pgxpool.Config)) *pgxpool.Pool {
 	tb.Helper()
-	return poolOn(tb, URL(tb), schema, configure)
+	return PoolOn(tb, URL(tb), schema, configure)
 }
 
-func poolOn(tb testing.TB, url, schema string, configure func(*pgxpool.Config)) *pgxpool.Pool {
+// PoolOn is [Pool] on the server at url, such as an [ExtraCluster]'s.
+func PoolOn(tb testing.TB, url, schema string, configure func(*pgxpool.Config)) *pgxpool.Pool {
 	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -253,7 +255,7 @@ func Shards(tb testing.TB, n int) ([]*pgxpool.Pool, string, []*Cluster) {
 		if err != nil {
 			tb.Fatalf("pgtest: create schema: %v", err)
 		}
-		pools = append(pools, poolOn(tb, c.ConnString(), schema, func(cfg *pgxpool.Config) {
+		pools = append(pools, PoolOn(tb, c.ConnString(), schema, func(cfg *pgxpool.Config) {
 			cfg.ConnConfig.ConnectTimeout = 2 * time.Second
 		}))
 		clusters = append(clusters, c)
