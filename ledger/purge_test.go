@@ -122,6 +122,10 @@ func TestPurge_Pause(t *testing.T) {
 		}()
 		require.Eventually(t, func() bool { return countRecords(t, b.pool, b.schema) == 5 }, 30*time.Second, 10*time.Millisecond,
 			"the first statement deletes 10 of the 15 left")
+		// The deletions show once the server commits them, a moment before the purge reads
+		// the statement's answer; a cancel in that moment would interrupt the statement,
+		// not the pause. The pause is an hour: a second more puts the purge well inside it.
+		time.Sleep(time.Second)
 		cancel()
 		select {
 		case o := <-done:
