@@ -111,7 +111,9 @@ func record(t *testing.T) exported {
 	require.ErrorIs(t, err, ledger.ErrFingerprintMismatch)
 	_, err = l.Claim(ctx, intent("c-1", "a"), &ledger.ClaimOpts{Lease: time.Hour})
 	require.NoError(t, err)
-	_, err = l.Do(ctx, intent("c-1", "a"), create, &ledger.DoOpts{Wait: 20 * time.Millisecond})
+	// Long enough that the call polls the held key at least once, which the wait's
+	// histogram records, however long the round trips before it take.
+	_, err = l.Do(ctx, intent("c-1", "a"), create, &ledger.DoOpts{Wait: 500 * time.Millisecond})
 	require.ErrorIs(t, err, ledger.ErrInProgress)
 	_, err = l.Purge(ctx, nil)
 	require.NoError(t, err)
