@@ -291,8 +291,9 @@ func (e *histEnv) purge(stop chan struct{}) {
 		case <-time.After(time.Duration(20+rng.IntN(150)) * time.Millisecond):
 		}
 		start := e.log.Add(history.Event{Client: -1, Kind: "fault", Op: "purge", Detail: "start"})
-		res, err := l.Purge(context.Background(), &ledger.PurgeOpts{BatchSize: 1 + rng.IntN(4)})
-		if err == nil && res.Deleted > 0 {
+		// Over shards, a purge that fails on a crashed shard has still purged the others.
+		res, _ := l.Purge(context.Background(), &ledger.PurgeOpts{BatchSize: 1 + rng.IntN(4)})
+		if res.Deleted > 0 {
 			e.log.Add(history.Event{Client: -1, Kind: "fault", Op: "purge", Detail: fmt.Sprintf("deleted %d (started #%d)", res.Deleted, start)})
 		}
 	}
