@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekit/oncekit/internal/faultproxy"
 	"github.com/oncekit/oncekit/internal/history"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/keys"
@@ -40,6 +41,7 @@ var histChecks = []string{
 	"one outcome per record lifetime", "fn starts at most once per call", "every replay equals a committed result",
 	"what the client sees is what was committed", "a stale owner never completes", "a waiter gets a result within its wait",
 	"errors agree with the history", "typed errors", "the caller's transaction stays usable",
+	"a plain error means nothing committed", "at most one live lease per key",
 }
 
 // histModes are the ways a call of Do or DoTx claims its key.
@@ -81,10 +83,19 @@ type hcall struct {
 
 	// The external mode: the lease taken, and how the finish went.
 	token     string
+	until     time.Time // when the claim's lease runs out, by the stub clock
+	extends   []extension
 	finish    string
 	finishOK  bool
 	finishErr error
 	finishSeq int
+}
+
+// extension is a successful Extend of a lease: the lease ran until until from the
+// log's entry seq on.
+type extension struct {
+	seq   int
+	until time.Time
 }
 
 // histEnv is what the clients share.
@@ -102,6 +113,8 @@ type histEnv struct {
 	// crash is the shard a sharded run crash-restarts now and then; nil for one shard.
 	crash  *pgtest.Cluster
 	nextID atomic.Int64
+	// proxies carry the ledgers' connections to each server, injecting the TCP faults.
+	proxies map[string]*faultproxy.Proxy
 
 	mu    sync.Mutex
 	calls []*hcall
@@ -194,9 +207,43 @@ func (e *histEnv) config() *ledger.Config {
 	return &ledger.Config{Schema: e.schema, Retention: histRetention, Lease: histLease, Test: ledger.TestConfig{NowFunc: e.clock.Now}}
 }
 
-// execPool is a pool on url that sends statements in mode.
+// histFaults is the TCP fault plan of the ledgers' connections: cuts, delays and
+// half-closes at message boundaries, and COMMITs whose answer is lost or replaced by a
+// FATAL after the server ran them.
+func histFaults(seed uint64) faultproxy.Plan {
+	return faultproxy.Plan{Seed: seed, Cut: 0.002, CutAnswer: 0.001, HalfClose: 0.001, Delay: 0.02,
+		CommitLost: 0.02, CommitFatal: 0.02}
+}
+
+// proxy is the fault proxy to the server of url, started on first use.
+func (e *histEnv) proxy(url string) *faultproxy.Proxy {
+	if p, ok := e.proxies[url]; ok {
+		return p
+	}
+	cfg, err := pgconn.ParseConfig(url)
+	require.NoError(e.t, err)
+	plan := histFaults(e.run.Seed + uint64(len(e.proxies)))
+	plan.FaultFunc = func(kind string, conn int, detail string) {
+		if kind != faultproxy.Delay {
+			e.log.Add(history.Event{Client: -1, Kind: "fault", Op: "tcp " + kind, Detail: fmt.Sprintf("conn %d %s", conn, detail)})
+		}
+	}
+	network, addr := faultproxy.Target(cfg)
+	p, err := faultproxy.New(network, addr, plan)
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { _ = p.Close() })
+	if e.proxies == nil {
+		e.proxies = map[string]*faultproxy.Proxy{}
+	}
+	e.proxies[url] = p
+	return p
+}
+
+// execPool is a pool on url that sends statements in mode, through the fault proxy.
 func (e *histEnv) execPool(url string, mode pgx.QueryExecMode) *pgxpool.Pool {
+	p := e.proxy(url)
 	return pgtest.PoolOn(e.t, url, e.schema, func(c *pgxpool.Config) {
+		p.Route(&c.ConnConfig.Config)
 		c.MaxConns = 6
 		c.ConnConfig.DefaultQueryExecMode = mode
 		c.ConnConfig.RuntimeParams["application_name"] = "oncekit-history"
@@ -235,6 +282,15 @@ func (e *histEnv) runAll() {
 	clients.Wait()
 	close(stop)
 	faults.Wait()
+	for _, p := range e.proxies {
+		p.SetEnabled(false)
+		var counts []string
+		for _, k := range []string{faultproxy.Cut, faultproxy.CutAnswer, faultproxy.HalfCloseServer, faultproxy.HalfCloseClient,
+			faultproxy.Delay, faultproxy.CommitLost, faultproxy.CommitFatal} {
+			counts = append(counts, fmt.Sprintf("%s %d", k, p.Count(k)))
+		}
+		t.Logf("history: TCP faults: %s", strings.Join(counts, ", "))
+	}
 
 	ops := e.check()
 	t.Logf("history: %d calls, %d events, seed %d", ops, e.log.Len(), e.run.Seed)
@@ -497,36 +553,49 @@ func (e *histEnv) guarded(c *hcall, rng *rand.Rand, commit bool) {
 	}
 }
 
-// external runs one external-mode flow: claim, maybe stall past the lease, finish.
+// external runs one external-mode flow: claim, maybe stall past the lease, finish. Some
+// claims take a lease longer than the retention, and some extend theirs past it: a
+// pending record must outlive its lease however long that is.
 func (e *histEnv) external(c *hcall, rng *rand.Rand) {
 	l := e.ledgers[c.exec]
 	c.op, c.mode = "Ext", "Claim"
 	in := e.intent("ext", c.key, 0)
 	ctx := context.Background()
-	var wait time.Duration
+	opts := &ledger.ClaimOpts{}
 	if rng.IntN(2) == 0 {
-		wait = time.Duration(rng.IntN(400)) * time.Millisecond
+		opts.Wait = time.Duration(rng.IntN(400)) * time.Millisecond
+	}
+	long := rng.IntN(3) == 0
+	if long {
+		opts.Lease = histRetention + time.Duration(rng.IntN(int(2*histRetention/time.Millisecond)))*time.Millisecond
 	}
 	c.startStub = e.clock.Now()
-	c.startSeq = e.event(c, "call", fmt.Sprintf("id=%d claim wait=%s", c.id, wait))
-	cr, err := l.Claim(ctx, in, &ledger.ClaimOpts{Wait: wait})
+	c.startSeq = e.event(c, "call", fmt.Sprintf("id=%d claim wait=%s lease=%s", c.id, opts.Wait, opts.Lease))
+	cr, err := l.Claim(ctx, in, opts)
 	c.res, c.err, c.kind = cr.Result, err, classify(err)
 	if cr.Lease != nil {
-		c.token = cr.Lease.Token.String()
+		c.token, c.until = cr.Lease.Token.String(), cr.Lease.Until
 	}
 	c.endStub = e.clock.Now()
-	c.endSeq = e.event(c, "return", c.describe()+" token="+c.token)
+	c.endSeq = e.event(c, "return", c.describe()+" token="+c.token+" until="+c.until.Format("15:04:05.000"))
 	if cr.Lease == nil {
 		return
 	}
-	if rng.IntN(4) == 0 {
-		time.Sleep(time.Duration(rng.IntN(int(2*histLease/time.Millisecond))) * time.Millisecond) // may outlive the lease
+	switch {
+	case long && rng.IntN(2) == 0:
+		// Hold the long lease past the retention: the record must stay the holder's.
+		time.Sleep(histRetention + time.Duration(rng.IntN(int(histRetention/time.Millisecond)))*time.Millisecond)
+	case rng.IntN(3) == 0:
+		// A stall that outlives the lease, so that another attempt takes the key over
+		// and this holder's finish comes stale.
+		time.Sleep(histLease + time.Duration(rng.IntN(int(histLease/time.Millisecond)))*time.Millisecond)
 	}
 	lease := cr.Lease
 	body := []byte("x" + strconv.FormatInt(c.id, 10))
 	finishes := []string{"Complete", "Complete", "Complete", "Fail", "Release", "MarkUncertain", "ExtendComplete"}
 	c.finish = finishes[rng.IntN(len(finishes))]
 	start := e.log.Add(history.Event{Client: c.client, Kind: "call", Op: "Ext/" + c.finish, Key: c.key, Detail: "token=" + c.token})
+	c.finishSeq = start
 	switch c.finish {
 	case "Complete":
 		_, err = l.Complete(ctx, lease, ledger.Response{Code: 200, Body: body})
@@ -537,12 +606,22 @@ func (e *histEnv) external(c *hcall, rng *rand.Rand) {
 	case "MarkUncertain":
 		err = l.MarkUncertain(ctx, lease)
 	case "ExtendComplete":
-		if err = l.Extend(ctx, lease, histLease); err == nil {
+		d := histLease
+		if rng.IntN(2) == 0 {
+			d = 2 * histRetention
+		}
+		if err = l.Extend(ctx, lease, d); err == nil {
+			seq := e.log.Add(history.Event{Client: c.client, Kind: "return", Op: "Ext/Extend", Key: c.key,
+				Detail: fmt.Sprintf("token=%s until=%s", c.token, lease.Until.Format("15:04:05.000"))})
+			c.extends = append(c.extends, extension{seq: seq, until: lease.Until})
+			if d > histLease {
+				time.Sleep(histRetention + time.Duration(rng.IntN(int(histRetention/2/time.Millisecond)))*time.Millisecond)
+			}
+			c.finishSeq = e.log.Add(history.Event{Client: c.client, Kind: "call", Op: "Ext/Complete", Key: c.key, Detail: "token=" + c.token})
 			_, err = l.Complete(ctx, lease, ledger.Response{Code: 200, Body: body})
 		}
 	}
 	c.finishOK, c.finishErr = err == nil, err
-	c.finishSeq = start
 	e.log.Add(history.Event{Client: c.client, Kind: "return", Op: "Ext/" + c.finish, Key: c.key, Detail: fmt.Sprintf("token=%s err=%v", c.token, err)})
 }
 
@@ -561,6 +640,8 @@ func classify(err error) string {
 	switch {
 	case err == nil:
 		return ""
+	case errors.Is(err, ledger.ErrOutcomeUnknown):
+		return "unknown"
 	case errors.As(err, &derr):
 		return "definitive"
 	case errors.Is(err, ledger.ErrInProgress):
@@ -686,8 +767,32 @@ func (e *histEnv) check() int {
 		}
 	}
 
+	// At most one live lease per key: a claim granted while another holder's lease
+	// was live by the clock (the lease as claimed, or as extended before) and that
+	// holder had not finished is a second owner.
+	for _, gs := range grants {
+		for _, a := range gs {
+			for _, b := range gs {
+				if a == b || b.startSeq < a.endSeq || a.finishSeq < b.endSeq {
+					continue
+				}
+				until := a.until
+				for _, x := range a.extends {
+					if x.seq < b.startSeq && x.until.After(until) {
+						until = x.until
+					}
+				}
+				if b.endStub.Before(until) {
+					bad("at most one live lease per key", b, "claimed with token %s by %s, while call %d's lease with token %s ran until %s and was not finished",
+						b.token, b.endStub.Format("15:04:05.000"), a.id, a.token, until.Format("15:04:05.000"))
+				}
+			}
+		}
+	}
+
 	for _, c := range e.calls {
 		if c.op == "Ext" {
+			e.checkExtReplay(c, byID, bad)
 			if c.kind == "other" {
 				bad("typed errors", c, "claim: unexpected error %v", c.err)
 			}
@@ -703,6 +808,9 @@ func (e *histEnv) check() int {
 				}
 			}
 			continue
+		}
+		if _, ok := effects[c.id]; ok && c.op == "Do" && c.err != nil && c.kind != "unknown" {
+			bad("a plain error means nothing committed", c, "returned %s (%v), yet its effect committed", c.kind, c.err)
 		}
 		if n := c.fnStarts.Load(); n > 1 {
 			bad("fn starts at most once per call", c, "fn started %d times", n)
@@ -795,8 +903,38 @@ func (e *histEnv) checkReplay(c *hcall, body string, failed bool, committedBy ma
 		}
 		return
 	}
-	if producer.kind == "conn" || producer.kind == "ctx" {
-		return // the producer's commit went unanswered: its outcome is unknown to the client
+	switch {
+	case producer.op == "Do" && producer.kind == "unknown":
+		return // the producer's commit went unanswered, and it said so
+	case producer.op == "DoTx" && producer.err == nil && producer.commitErr != nil:
+		return // the caller's own commit went unanswered
+	case producer.err != nil:
+		bad("a plain error means nothing committed", c, "replayed call %d's result, which returned %s: %v", id, producer.kind, producer.err)
+		return
 	}
 	bad("every replay equals a committed result", c, "replayed call %d's result, which was not committed (%s)", id, producer.describe())
+}
+
+// checkExtReplay checks that a result an external-mode claim replays was stored by a
+// finish that did not say it failed (an unknown outcome aside).
+func (e *histEnv) checkExtReplay(c *hcall, byID map[int64]*hcall, bad func(string, *hcall, string, ...any)) {
+	var derr *ledger.DefinitiveError
+	body := ""
+	switch {
+	case c.err == nil && c.res.Replayed:
+		body = string(c.res.Body)
+	case errors.As(c.err, &derr) && derr.Replayed:
+		body = derr.Message
+	default:
+		return
+	}
+	id, err := strconv.ParseInt(strings.TrimPrefix(body, "x"), 10, 64)
+	producer := byID[id]
+	if err != nil || producer == nil || producer.key != c.key || producer.op != "Ext" {
+		bad("every replay equals a committed result", c, "replayed %q, which no claim on the key finished with", body)
+		return
+	}
+	if producer.finishErr != nil && classify(producer.finishErr) != "unknown" {
+		bad("a plain error means nothing committed", c, "replayed call %d's %s, which returned %v", id, producer.finish, producer.finishErr)
+	}
 }
