@@ -189,3 +189,27 @@ func (p Purge) Run(ctx context.Context, q Querier, batch, maxBatches int, pause 
 	}
 	return deleted, batches, nil
 }
+
+// CommitUnknown reports whether err, the answer to a round trip that carried a commit
+// (COMMIT, or a statement outside a transaction, which commits by itself), leaves the
+// commit's outcome unknown. A commit has one of three outcomes for the client: it
+// committed (no error); it rolled back, which PostgreSQL says with an ERROR on a
+// connection that lives on, or which pgx says by an error that is safe to retry
+// because nothing was sent; or it is unknown. Anything else is the third: a FATAL or
+// PANIC (a backend terminated, a server shut down, which PostgreSQL may send after the
+// commit became durable), a broken or cut connection, a context that ended while the
+// answer was awaited, an answer that could not be read.
+func CommitUnknown(err error) bool {
+	if err == nil || pgconn.SafeToRetry(err) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		sev := pgErr.SeverityUnlocalized
+		if sev == "" {
+			sev = pgErr.Severity
+		}
+		return sev == "FATAL" || sev == "PANIC"
+	}
+	return true
+}
