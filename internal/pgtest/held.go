@@ -53,6 +53,13 @@ func NewHeld(tb testing.TB, schema string) *Held {
 // timeout.
 func (h *Held) Terminate(ctx context.Context, tb testing.TB, timeout time.Duration) int {
 	tb.Helper()
+	return h.act(ctx, tb, timeout, "pg_terminate_backend")
+}
+
+// act waits until a commit of the held pool is held, then calls signal, a function of
+// PostgreSQL's, on its backend.
+func (h *Held) act(ctx context.Context, tb testing.TB, timeout time.Duration, signal string) int {
+	tb.Helper()
 	conn, err := pgx.Connect(ctx, h.url)
 	if err != nil {
 		tb.Errorf("pgtest: connect: %v", err)
@@ -62,12 +69,30 @@ func (h *Held) Terminate(ctx context.Context, tb testing.TB, timeout time.Durati
 	deadline := time.Now().Add(timeout)
 	for {
 		var pid int
-		err := conn.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND wait_event = 'SyncRep' LIMIT 1`, h.app).Scan(&pid)
+		var started time.Time
+		err := conn.QueryRow(ctx, `SELECT pid, query_start FROM pg_stat_activity WHERE application_name = $1 AND wait_event = 'SyncRep' LIMIT 1`, h.app).Scan(&pid, &started)
 		if err == nil {
-			if _, err := conn.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
-				tb.Errorf("pgtest: terminate %d: %v", pid, err)
+			if _, err := conn.Exec(ctx, "SELECT "+signal+"($1)", pid); err != nil {
+				tb.Errorf("pgtest: %s(%d): %v", signal, pid, err)
+				return pid
 			}
-			return pid
+			// Returns once this commit is no longer held, so that a next call finds the
+			// next commit, not this one again; the backend's next commit has a later
+			// query_start.
+			for {
+				var held bool
+				if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep' AND query_start = $2)`, pid, started).Scan(&held); err != nil {
+					tb.Errorf("pgtest: watch %d: %v", pid, err)
+					return pid
+				}
+				if !held {
+					return pid
+				}
+				if time.Now().After(deadline) {
+					tb.Errorf("pgtest: the commit of %d was still held %s after %s", pid, timeout, signal)
+					return pid
+				}
+			}
 		}
 		if err != pgx.ErrNoRows {
 			tb.Errorf("pgtest: find a held commit: %v", err)
@@ -97,4 +122,12 @@ func (h *Held) TerminateAsync(ctx context.Context, tb testing.TB, timeout time.D
 		h.Terminate(ctx, tb, timeout)
 	}()
 	return done
+}
+
+// Release waits until a commit of the held pool is held, then lets it through: a
+// cancelled wait for a standby ends with the commit's success (and a warning). It
+// returns the backend's process ID.
+func (h *Held) Release(ctx context.Context, tb testing.TB, timeout time.Duration) int {
+	tb.Helper()
+	return h.act(ctx, tb, timeout, "pg_cancel_backend")
 }
