@@ -355,6 +355,9 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		writeProblem(w, http.StatusUnprocessableEntity, ProblemKeyReused, "Idempotency-Key reused",
 			fmt.Sprintf("the key %q was first used at %s with a different request; send a new key for a new request",
 				string(key), mm.StoredAt.UTC().Format(time.RFC3339)), 0)
+	case errors.Is(err, ledger.ErrOutcomeUnknown):
+		writeProblem(w, http.StatusServiceUnavailable, ProblemOutcomeUnknown, "Outcome unknown",
+			"the request's commit was sent and its answer was lost, so it may have taken effect; retry it with the same key, which returns its response if it did", 1)
 	case errors.Is(err, ledger.ErrInProgress):
 		writeProblem(w, http.StatusConflict, ProblemInProgress, "Request in progress",
 			"a request with this key is being processed; retry it with the same key", 1)

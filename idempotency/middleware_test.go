@@ -47,6 +47,13 @@ func setup(t *testing.T, configure func(*idempotency.Config)) *bundle {
 // setupWithLedger is setup with the ledger configured by lcfg (its Schema is set here).
 func setupWithLedger(t *testing.T, lcfg *ledger.Config, configure func(*idempotency.Config)) *bundle {
 	t.Helper()
+	return setupOn(t, lcfg, configure, nil)
+}
+
+// setupOn is setupWithLedger with the ledger on the pool ledgerPool returns for the
+// test's schema (nil: the test's own pool).
+func setupOn(t *testing.T, lcfg *ledger.Config, configure func(*idempotency.Config), ledgerPool func(schema string) *pgxpool.Pool) *bundle {
+	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
 	_, err := ledger.Migrate(ctx, pool, schema)
@@ -55,7 +62,11 @@ func setupWithLedger(t *testing.T, lcfg *ledger.Config, configure func(*idempote
 	require.NoError(t, err)
 	lc := *lcfg
 	lc.Schema = schema
-	l, err := ledger.New(pool, &lc)
+	lp := pool
+	if ledgerPool != nil {
+		lp = ledgerPool(schema)
+	}
+	l, err := ledger.New(lp, &lc)
 	require.NoError(t, err)
 	b := &bundle{pool: pool, schema: schema, calls: new(int64), mu: &sync.Mutex{},
 		holding: make(chan struct{}, 1), release: make(chan struct{})}

@@ -42,6 +42,11 @@ const (
 	// its statements failed, so none of its writes could commit; nothing was stored and
 	// the key is free.
 	ProblemTxAborted = problemBase + "ProblemTxAborted"
+	// ProblemOutcomeUnknown: 503, the request's commit was sent and its answer lost
+	// (the connection broke, the server shut down): its effect may have committed.
+	// Nothing is known to be rolled back; retry with the same key, which returns the
+	// stored response if it committed and runs the request if it did not.
+	ProblemOutcomeUnknown = problemBase + "ProblemOutcomeUnknown"
 )
 
 // problem is an RFC 9457 problem details document.

@@ -203,8 +203,17 @@ func (ib *Inbox) Handle(ctx context.Context, subscriber, messageID string, fn Ha
 		return ib.duplicate(ctx, c, subscriber, messageID, "ROLLBACK")
 	}
 	return ib.run(ctx, tx, subscriber, messageID, fn,
-		func(ctx context.Context) error { return tx.Commit(ctx) },
+		func(ctx context.Context) error { return commitErr(subscriber, messageID, tx.Commit(ctx)) },
 		func(ctx context.Context) error { return tx.Rollback(ctx) })
+}
+
+// commitErr is the error of the commit of the message's record: a lost answer is an
+// [*ledger.OutcomeUnknownError], scoped by the subscriber, whose key is the message ID.
+func commitErr(subscriber, messageID string, err error) error {
+	if !pgsql.CommitUnknown(err) {
+		return err
+	}
+	return &ledger.OutcomeUnknownError{Scope: keys.Scope{Tenant: subscriber, Operation: "inbox"}, Key: keys.Key(messageID), Err: err}
 }
 
 // recordResult reads the results of a batch of three whose second statement is the
@@ -279,11 +288,14 @@ func (ib *Inbox) handleFirst(ctx context.Context, c *pgx.Conn, subscriber, messa
 			if !p.Sent() {
 				// fn sent nothing: the record travels with COMMIT.
 				_, err := p.Exec(ctx, "COMMIT")
-				return err
+				if p.Refused() {
+					return err
+				}
+				return commitErr(subscriber, messageID, err)
 			}
 			// Commit, not an Exec of COMMIT: it reports a transaction fn left aborted,
 			// which PostgreSQL ends with a rollback.
-			return p.Current().Commit(ctx)
+			return commitErr(subscriber, messageID, p.Current().Commit(ctx))
 		},
 		func(ctx context.Context) error { return rollback(ctx, c) })
 	if !p.Refused() {
@@ -377,6 +389,10 @@ func (ib *Inbox) run(ctx context.Context, tx pgx.Tx, subscriber, messageID strin
 		return fail(fnErr)
 	}
 	if err := finish(ctx); err != nil {
+		if errors.Is(err, ledger.ErrOutcomeUnknown) {
+			// The connection is gone with the transaction: nothing to roll back.
+			return Result{}, err
+		}
 		return fail(err)
 	}
 	if res.Rejected {

@@ -170,6 +170,10 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 			lease.Redrive = lease.Attempt > 1
 			return ClaimResult{Lease: lease, Result: Result{Attempts: lease.Attempt, CreatedAt: createdAt}}, nil
 		}
+		if _, inTx := q.(pgx.Tx); !inTx && pgsql.CommitUnknown(err) {
+			// The claim commits by itself: it may have committed under token.
+			return ClaimResult{}, &OutcomeUnknownError{Scope: in.Scope, Key: in.Key, Token: token, Err: err}
+		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return ClaimResult{}, fmt.Errorf("oncekit/ledger: claim %q in %s: %w", in.Key, in.Scope, err)
 		}
@@ -439,6 +443,10 @@ func (l *Ledger) leaseArgs(lease *Lease, extra ...any) []any {
 // finishErr turns "no row matched the token" into a LeaseLostError with the record as
 // it is now.
 func (l *Ledger) finishErr(ctx context.Context, q querier, lease *Lease, err error) error {
+	if _, inTx := q.(pgx.Tx); !inTx && pgsql.CommitUnknown(err) {
+		// The statement commits by itself, and its answer was lost.
+		return &OutcomeUnknownError{Scope: lease.Scope, Key: lease.Key, Token: lease.Token, Err: err}
+	}
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("oncekit/ledger: finish %q in %s: %w", lease.Key, lease.Scope, err)
 	}

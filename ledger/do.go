@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/oncekit/oncekit/internal/faultpoint"
 	"github.com/oncekit/oncekit/internal/pgsql"
@@ -442,8 +441,9 @@ func (a *attempt) execute(ctx context.Context, fn Func, retention time.Duration)
 		if errors.Is(err, ErrTxAborted) {
 			return Result{}, errors.Join(err, aerr)
 		}
-		if _, own := lt.(*ownTx); own && pgsql.Code(err) == "" && !pgconn.SafeToRetry(err) {
-			// COMMIT may have reached the server and run after the connection was lost.
+		if _, own := lt.(*ownTx); own && pgsql.CommitUnknown(err) {
+			// COMMIT was sent and no clean answer came back: a FATAL after the commit
+			// became durable, a connection cut before the answer, a context that ended.
 			return Result{}, &OutcomeUnknownError{Scope: in.Scope, Key: in.Key, Err: errors.Join(err, aerr)}
 		}
 		return Result{}, fmt.Errorf("oncekit/ledger: %s of %s in %s: %w", what, quoteKey(in.Key), in.Scope, errors.Join(err, aerr))

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/keys"
 )
@@ -196,20 +198,33 @@ func quoteKey(k keys.Key) string {
 	return strconv.Quote(string(k[:limit])) + fmt.Sprintf("… (%d bytes)", len(k))
 }
 
-// OutcomeUnknownError reports that Do sent the record and COMMIT and no answer came back:
-// the connection broke, or the call's context ended while PostgreSQL was still working on
-// them (for example waiting for another attempt's uncommitted record). PostgreSQL may have
-// committed after the call returned. It is retryable: a later call with the same key
+// OutcomeUnknownError reports that a call sent a commit and did not hear whether it
+// committed: the connection broke or was cut, PostgreSQL ended it with a FATAL error (a
+// backend terminated, a server shut down, which may happen after the commit became
+// durable), or the call's context ended while the answer was awaited. PostgreSQL may
+// have committed, before or after the call returned. [Ledger.Do] returns it for the
+// commit of its own transaction; [Ledger.Claim], [Ledger.Complete], [Ledger.Fail],
+// [Ledger.Release], [Ledger.MarkUncertain] and [Ledger.Extend] for their statement,
+// which commits by itself. Their Tx forms never return it: the caller's commit decides.
+//
+// It is retryable, and never means "rolled back". A later call of Do with the same key
 // replays the result if the commit happened, and runs fn as a first execution if it did
-// not, so the intent still takes effect once.
+// not, so the intent still takes effect once. After Claim, call Claim again with
+// ClaimOpts.Token set to Token: it resumes the lease if the claim committed. After
+// Complete, Fail or MarkUncertain, Claim the key again: it replays what was stored, or
+// takes the key over when the finish did not commit.
 type OutcomeUnknownError struct {
 	Scope keys.Scope
 	Key   keys.Key
-	Err   error
+	// Token is the owner token the lost statement was sent with: for Claim, the token
+	// of the claim that may have committed; for a finish, the lease's.
+	Token uuid.UUID
+	// Err is what the commit met.
+	Err error
 }
 
 func (e *OutcomeUnknownError) Error() string {
-	return fmt.Sprintf("oncekit/ledger: the commit of key %q in %s was sent and no answer came back (%v): call again with the key, which replays the result if it committed", e.Key, e.Scope, e.Err)
+	return fmt.Sprintf("oncekit/ledger: the commit of key %q in %s was sent and its answer was lost (%v): the outcome is unknown, not rolled back; call again with the same key, which replays the result if it committed", e.Key, e.Scope, e.Err)
 }
 
 // Unwrap returns the error the commit met.

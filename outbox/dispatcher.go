@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
+	"github.com/oncekit/oncekit/ledger"
 )
 
 // Publisher publishes one event. It must be safe for concurrent use by several
@@ -128,9 +129,17 @@ var (
 type LeaseLostError struct {
 	// Events counts the events found owned by another dispatcher.
 	Events int
+	// AfterLostAnswer is true when the batch's outcomes had been sent before and
+	// their answer was lost: the events not found owned may have been recorded by
+	// that earlier send, not taken by another dispatcher.
+	AfterLostAnswer bool
 }
 
 func (e *LeaseLostError) Error() string {
+	if e.AfterLostAnswer {
+		return fmt.Sprintf("oncekit/outbox: %d events of this dispatcher's batch were no longer owned when their outcomes were sent again after an answer was lost: that lost send recorded them, or another dispatcher claimed them after the lease ran out; the rest of the batch was dropped",
+			e.Events)
+	}
 	return fmt.Sprintf("oncekit/outbox: %d events of this dispatcher's batch were claimed by another dispatcher after its lease ran out; the rest of the batch was dropped: if this repeats, give the pool more connections or raise DispatcherConfig.Lease",
 		e.Events)
 }
@@ -358,6 +367,8 @@ type batch struct {
 	token    uuid.UUID
 	events   []claimed
 	leaseEnd time.Time
+	// answerLost is set once a send of the batch's outcomes lost its answer.
+	answerLost bool
 }
 
 // Drain dispatches batches until none is ready, and returns how many events it claimed:
@@ -548,21 +559,32 @@ func (d *Dispatcher) send(ctx context.Context, b *batch, out *outcomes, renew []
 		tag, err := br.Exec()
 		if err != nil {
 			_ = br.Close()
-			return err
+			return b.sendErr(err)
 		}
 		lost += n - int(tag.RowsAffected())
 	}
 	if err := br.Close(); err != nil {
-		return err
+		return b.sendErr(err)
 	}
 	*out = outcomes{}
 	if len(renew) > 0 {
 		b.leaseEnd = sent.Add(d.cfg.Lease)
 	}
 	if lost > 0 {
-		return &LeaseLostError{Events: lost}
+		return &LeaseLostError{Events: lost, AfterLostAnswer: b.answerLost}
 	}
 	return nil
+}
+
+// sendErr is the error of a send of b's outcomes. The batch commits as one implicit
+// transaction: an answer lost after it was sent leaves the outcomes recorded or not,
+// unknown, and a later send of them says so if it finds the events no longer owned.
+func (b *batch) sendErr(err error) error {
+	if !pgsql.CommitUnknown(err) {
+		return err
+	}
+	b.answerLost = true
+	return fmt.Errorf("oncekit/outbox: the outcomes were sent and the answer was lost, so whether they were recorded is unknown (%w): %w", ledger.ErrOutcomeUnknown, err)
 }
 
 // claimBatch claims up to BatchSize ready events under a lease with a new owner token,

@@ -396,6 +396,11 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, scope keys.Scope)
 	case errors.Is(err, ledger.ErrInProgress):
 		w.Header().Set("Retry-After", "1")
 		answer(w, http.StatusConflict, "error", "delivery "+v.ID+" is being processed")
+	case errors.Is(err, ledger.ErrOutcomeUnknown):
+		// Not "not processed": the handler's writes may have committed. A redelivery
+		// settles it, answered as a duplicate if they did.
+		w.Header().Set("Retry-After", "1")
+		answer(w, http.StatusServiceUnavailable, "error", "the outcome of delivery "+v.ID+" is unknown (its commit's answer was lost); redeliver it")
 	default:
 		answer(w, http.StatusInternalServerError, "error", "the delivery was not processed; redeliver it")
 	}

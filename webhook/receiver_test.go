@@ -47,6 +47,13 @@ type bundle struct {
 // ignoring events older than one already applied.
 func setup(t *testing.T) *bundle {
 	t.Helper()
+	return setupOn(t, nil)
+}
+
+// setupOn is setup with the ledger on the pool ledgerPool returns for the test's schema
+// (nil: the test's own pool).
+func setupOn(t *testing.T, ledgerPool func(schema string) *pgxpool.Pool) *bundle {
+	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
 	_, err := migrate.Up(ctx, pool, schema)
@@ -54,7 +61,11 @@ func setup(t *testing.T) *bundle {
 	_, err = pool.Exec(ctx, `CREATE TABLE issues (id text PRIMARY KEY, title text NOT NULL);
 		CREATE TABLE receipts (delivery text NOT NULL)`)
 	require.NoError(t, err)
-	l, err := ledger.New(pool, &ledger.Config{Schema: schema})
+	lp := pool
+	if ledgerPool != nil {
+		lp = ledgerPool(schema)
+	}
+	l, err := ledger.New(lp, &ledger.Config{Schema: schema})
 	require.NoError(t, err)
 	b := &bundle{pool: pool}
 	h, err := webhook.New(ctx, &webhook.Config{Ledger: l, Verifier: webhook.GitHub(secret), Source: "github",

@@ -189,3 +189,31 @@ func (p Purge) Run(ctx context.Context, q Querier, batch, maxBatches int, pause 
 	}
 	return deleted, batches, nil
 }
+
+// CommitUnknown reports whether err, the answer to a round trip that carried a commit
+// (COMMIT, or a statement outside a transaction, which commits by itself), leaves the
+// commit's outcome unknown. A commit has one of three outcomes for the client: it
+// committed (no error); it rolled back, which PostgreSQL says with an ERROR reply (or a
+// ROLLBACK tag, pgx.ErrTxCommitRollback); or it is unknown: anything else, such as a
+// FATAL (a backend terminated or a server shut down, which PostgreSQL may send after
+// the commit became durable), a broken or cut connection, a context that ended while
+// the answer was awaited.
+//
+// pgconn.SafeToRetry is not taken to mean "not sent" here: when a FATAL arrives while
+// pgx reads a result, pgx closes the connection and may report the next read as "conn
+// closed", an error it calls safe to retry, for a commit that was sent and took effect.
+func CommitUnknown(err error) bool {
+	if err == nil || errors.Is(err, pgx.ErrTxCommitRollback) || errors.Is(err, pgx.ErrNoRows) {
+		// No error, a rollback, or an answer that arrived whole and had no row.
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		sev := pgErr.SeverityUnlocalized
+		if sev == "" {
+			sev = pgErr.Severity
+		}
+		return sev == "FATAL" || sev == "PANIC"
+	}
+	return true
+}

@@ -65,7 +65,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	c, err := StartCluster(ctx, nil)
+	c, err := StartCluster(ctx, &ClusterOpts{Settings: map[string]string{"synchronous_standby_names": heldStandby}})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
