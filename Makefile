@@ -7,7 +7,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: help demo soak test test-pg test-citus stress bench bench-citus bench-scale bench-check lint fmt fuzz temporal-cli oncekit
+.PHONY: help demo soak test test-pg test-citus stress mutate bench bench-citus bench-scale bench-check lint fmt fuzz temporal-cli oncekit
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -63,6 +63,11 @@ STRESS ?= 5m
 stress: ## Run the seeded history checkers of the ledger and the outbox for STRESS each (5m); ONCEKIT_SEED=N replays a seed.
 	ONCEKIT_STRESS=$(STRESS) $(GO) test -race -count=1 -p 1 -timeout 3h -run 'History' -v ./ledger ./outbox \
 		| grep -E '^(=== RUN|--- |PASS|FAIL|ok )|history:|Error|broken|#[0-9]'
+
+MUTATE_SEEDS ?= 1,2,3
+MUTATE_BUDGET ?= 60s
+mutate: ## Apply each known-defect patch of internal/mutants to a copy of the tree and fail if its history checker passes within MUTATE_BUDGET (60s) on any of MUTATE_SEEDS (1,2,3).
+	$(GO) run ./tools/mutate -seeds $(MUTATE_SEEDS) -budget $(MUTATE_BUDGET)
 
 temporal-cli: ## Build the Temporal CLI (dev server) into ~/.cache/oncekit once; minutes the first time.
 	@$(GO) run ./tools/temporal-cli >/dev/null

@@ -193,6 +193,20 @@ func Report(t testing.TB, vs []Violation, limit int) int {
 	for _, c := range checks {
 		t.Errorf("history: check %q broken %d times", c, counts[c])
 	}
+	// The first violation is the one whose last event came first: when the history
+	// first showed it.
+	first, firstCheck := time.Duration(-1), ""
+	for _, v := range vs {
+		if len(v.Events) == 0 {
+			continue
+		}
+		if at := v.Events[len(v.Events)-1].At; first < 0 || at < first {
+			first, firstCheck = at, v.Check
+		}
+	}
+	if first >= 0 {
+		t.Logf("history: first violation at %.1fs, check %q", first.Seconds(), firstCheck)
+	}
 	shown := map[string]int{}
 	for i, v := range vs {
 		if shown[v.Check]++; shown[v.Check] > 3 {
