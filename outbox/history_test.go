@@ -22,7 +22,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekit/oncekit/internal/faultproxy"
 	"github.com/oncekit/oncekit/internal/history"
+	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/migrate"
 	"github.com/oncekit/oncekit/outbox"
@@ -100,6 +102,7 @@ func TestHistoryOutbox(t *testing.T) {
 type hist struct {
 	seed        uint64
 	rec         *pgxpool.Pool // the history's own tables; no fault touches it
+	proxy       *faultproxy.Proxy
 	log         *history.Log
 	began       time.Time
 	lanes       []*histLane
@@ -112,6 +115,7 @@ type hist struct {
 	attempted map[uuid.UUID]*histLane        // every event a producer tried to enqueue
 	retried   map[uuid.UUID][]int64          // ticks after each Retry that returned true
 	unsure    map[uuid.UUID]bool             // a Retry whose outcome is unknown
+	txOf      map[uuid.UUID]*histTx          // the producer's transaction of each event
 	problems  []error                        // the run itself went wrong (not the outbox)
 	deadlocks []history.Violation            // deadlocks not reported as ErrOrderingKeyDeadlock
 	counts    map[string]int                 // operations and faults, for the summary
@@ -152,7 +156,33 @@ CREATE TABLE hist_pubs (
 	overran         bool NOT NULL DEFAULT false
 );
 CREATE INDEX hist_pubs_event_idx ON hist_pubs (event_id);
-CREATE INDEX hist_pubs_open_idx ON hist_pubs (dispatcher) WHERE end_tick IS NULL`
+CREATE INDEX hist_pubs_open_idx ON hist_pubs (dispatcher) WHERE end_tick IS NULL;
+CREATE TABLE hist_writes (
+	tick      bigint NOT NULL,
+	lane      text NOT NULL,
+	event_id  uuid NOT NULL,
+	app       text NOT NULL,
+	old_by    uuid,
+	new_by    uuid,
+	old_state text NOT NULL,
+	new_state text NOT NULL
+)`
+
+// histWriteTrigger records every change a dispatcher makes to an event, in the
+// transaction that makes it, with the dispatcher's application name: a claim sets a
+// new owner token, and every other write must be by the dispatcher that set the token
+// it finds. $1 is the recorder's schema, quoted; $2 the lane's.
+func histWriteTrigger(rec, lane string) string {
+	return `CREATE OR REPLACE FUNCTION ` + rec + `.hist_write() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+	IF current_setting('application_name') LIKE 'histd-%' THEN
+		INSERT INTO ` + rec + `.hist_writes VALUES (nextval('` + rec + `.hist_tick'), TG_TABLE_SCHEMA, NEW.id,
+			current_setting('application_name'), OLD.locked_by, NEW.locked_by, OLD.state, NEW.state);
+	END IF;
+	RETURN NEW;
+END $f$;
+CREATE TRIGGER hist_write AFTER UPDATE ON ` + lane + `.outbox_events FOR EACH ROW EXECUTE FUNCTION ` + rec + `.hist_write()`
+}
 
 // histStartSQL stamps the start of a publication: $1 publication, $2 event, $3 lane, $4
 // dispatcher. In the same snapshot it reads the event's state and the pending events of
@@ -176,8 +206,9 @@ func newHist(t *testing.T, run history.Run) *hist {
 	require.NoError(t, err)
 	h := &hist{seed: run.Seed, log: history.NewLog(), began: time.Now(),
 		ticks: map[int]int64{}, attempted: map[uuid.UUID]*histLane{}, retried: map[uuid.UUID][]int64{},
-		unsure: map[uuid.UUID]bool{}, counts: map[string]int{}, gens: map[string]int{}, errs: map[string]*atomic.Int64{},
+		unsure: map[uuid.UUID]bool{}, txOf: map[uuid.UUID]*histTx{}, counts: map[string]int{}, gens: map[string]int{}, errs: map[string]*atomic.Int64{},
 		names: map[string]int{}, startSQL: map[string]string{}, laneByID: map[string]*histLane{}}
+	h.proxy = newHistProxy(t, h)
 	h.rec = pgtest.Pool(t, schema, func(c *pgxpool.Config) {
 		c.MaxConns = 12
 		c.ConnConfig.RuntimeParams["application_name"] = "histrec-parent"
@@ -194,6 +225,7 @@ func newHist(t *testing.T, run history.Run) *hist {
 			c.ConnConfig.RuntimeParams["application_name"] = "histop-" + mode
 		})
 		lane.prod = pgtest.Pool(t, lane.schema, func(c *pgxpool.Config) {
+			h.proxy.Route(&c.ConnConfig.Config)
 			c.MaxConns = histProducers
 			c.ConnConfig.RuntimeParams["application_name"] = "histp-" + mode
 		})
@@ -201,11 +233,39 @@ func newHist(t *testing.T, run history.Run) *hist {
 		require.NoError(t, err)
 		lane.prodOut, err = outbox.New(lane.prod, &outbox.Config{Schema: lane.schema})
 		require.NoError(t, err)
+		_, err = pool.Exec(ctx, histWriteTrigger(pgx.Identifier{schema}.Sanitize(), pgx.Identifier{lane.schema}.Sanitize()))
+		require.NoError(t, err)
 		h.lanes = append(h.lanes, lane)
 		h.startSQL[lane.schema] = histStartSQL(lane.schema)
 		h.laneByID[lane.schema] = lane
 	}
 	return h
+}
+
+// newHistProxy is the fault proxy of the producers' and the in-process dispatchers'
+// connections: cuts, delays and half-closes, and commits (a producer's COMMIT, a
+// dispatcher's claim or record, each a transaction of its own) whose answer is lost or
+// replaced by a FATAL after the server ran them.
+func newHistProxy(t *testing.T, h *hist) *faultproxy.Proxy {
+	cfg, err := pgconn.ParseConfig(pgtest.URL(t))
+	require.NoError(t, err)
+	network, addr := faultproxy.Target(cfg)
+	p, err := faultproxy.New(network, addr, faultproxy.Plan{Seed: h.seed, Cut: 0.002, CutAnswer: 0.001, HalfClose: 0.001,
+		Delay: 0.02, CommitLost: 0.02, CommitFatal: 0.02, SyncLost: 0.005, SyncFatal: 0.005,
+		FaultFunc: func(kind string, conn int, detail string) {
+			if kind == faultproxy.CommitLost || kind == faultproxy.CommitFatal {
+				h.record(history.Event{Kind: "fault", Op: "tcp " + kind, Key: "-", Detail: fmt.Sprintf("conn %d %s", conn, detail)})
+			}
+		}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// histTx is a producer's transaction and what its client was told of it.
+type histTx struct {
+	outcome string // "committed", "rolled back" or "unknown"
+	err     error
 }
 
 // record adds e to the log with a tick from the history's sequence, and returns the tick.
@@ -285,6 +345,9 @@ type histPublisher struct {
 	seed       uint64
 	healthy    bool        // the last phase: every publication succeeds at once
 	fail       func(error) // a stamp could not be written: the history would be incomplete
+	// starve, when set, starves the publisher's own dispatcher's pool past its lease
+	// from inside a publication: the dispatcher learns of it only at its next write.
+	starve func(r *rand.Rand)
 }
 
 func (p *histPublisher) Publish(ctx context.Context, e outbox.Event) error {
@@ -297,6 +360,12 @@ func (p *histPublisher) Publish(ctx context.Context, e outbox.Event) error {
 		return err
 	}
 	outcome, err := p.behave(ctx, e, nth)
+	if p.starve != nil && !p.healthy {
+		r := rand.New(rand.NewPCG(p.seed^0x5bd1e995, binary.LittleEndian.Uint64(e.ID[:8])+uint64(nth)))
+		if r.IntN(25) == 0 {
+			p.starve(r)
+		}
+	}
 	if serr := stamp(func(ctx context.Context) error {
 		_, err := p.rec.Exec(ctx, histEndSQL, pub, outcome)
 		return err
@@ -385,7 +454,11 @@ func (h *hist) newDispatcherIn(t *testing.T, lane *histLane, prefix string, heal
 	h.gens[slot] = 0
 	h.mu.Unlock()
 	d := &histDispatcher{slot: slot, lane: lane, healthy: healthy, batch: 1 + int(h.seed%7)*3}
+	if lane.ordered {
+		d.batch = max(d.batch, 4) // batches with several events of a key
+	}
 	d.pool = pgtest.Pool(t, lane.schema, func(c *pgxpool.Config) {
+		h.proxy.Route(&c.ConnConfig.Config)
 		c.MaxConns = 2
 		c.ConnConfig.RuntimeParams["application_name"] = "histd-" + slot
 	})
@@ -401,7 +474,9 @@ func (h *hist) start(t *testing.T, d *histDispatcher) {
 		return
 	}
 	pub := &histPublisher{rec: h.rec, lane: d.lane.schema, startSQL: h.startSQL[d.lane.schema], dispatcher: d.name,
-		seed: h.seed, healthy: d.healthy, fail: h.problem}
+		seed: h.seed, healthy: d.healthy, fail: h.problem, starve: func(r *rand.Rand) {
+			h.starveFor(d, histLease+time.Duration(r.Int64N(int64(histLease/2))), "from its publisher")
+		}}
 	dd, err := outbox.NewDispatcher(out, pub, histDispatcherConfig(d.lane.ordered, d.batch, h.errorFunc))
 	if err != nil {
 		h.problem(err)
@@ -598,10 +673,12 @@ func cmpOr(s, def string) string {
 }
 
 func (h *hist) transact(ctx context.Context, i int, lane *histLane, calls [][]outbox.Event, rollback bool, desc string) {
+	htx := &histTx{outcome: "rolled back"}
 	h.mu.Lock()
 	for _, c := range calls {
 		for _, e := range c {
 			h.attempted[e.ID] = lane
+			h.txOf[e.ID] = htx
 		}
 	}
 	h.mu.Unlock()
@@ -648,9 +725,18 @@ func (h *hist) transact(ctx context.Context, i int, lane *histLane, calls [][]ou
 		return
 	}
 	if err := tx.Commit(ctx); err != nil {
-		end("commit, outcome unknown: " + err.Error())
+		h.mu.Lock()
+		htx.err = err
+		if pgsql.CommitUnknown(err) {
+			htx.outcome = "unknown"
+		}
+		h.mu.Unlock()
+		end(fmt.Sprintf("commit: %s: %v", htx.outcome, err))
 		return
 	}
+	h.mu.Lock()
+	htx.outcome = "committed"
+	h.mu.Unlock()
 	h.count("transactions committed")
 	end("committed")
 }
@@ -690,6 +776,18 @@ func (h *hist) retry(ctx context.Context, lane *histLane, id uuid.UUID, client i
 // inject injects a fault now and then: a backend terminated, a pool starved, a child
 // process SIGKILLed, a dispatcher stopped and started again.
 func (h *hist) inject(ctx context.Context, t *testing.T, r *rand.Rand) {
+	locker := pgtest.Pool(t, ordered(h.lanes).schema, func(c *pgxpool.Config) {
+		c.MaxConns = 4
+		c.ConnConfig.RuntimeParams["application_name"] = "histlock"
+	})
+	lr := rand.New(rand.NewPCG(h.seed, 300))
+	wg := sync.WaitGroup{}
+	wg.Go(func() {
+		for sleepCtx(ctx, time.Duration(50+lr.IntN(200))*time.Millisecond) {
+			h.lockHead(ctx, lr, locker)
+		}
+	})
+	defer wg.Wait()
 	for sleepCtx(ctx, time.Duration(150+r.IntN(350))*time.Millisecond) {
 		switch x := r.IntN(10); {
 		case x < 3:
@@ -735,15 +833,26 @@ func (h *hist) terminate(ctx context.Context, r *rand.Rand, pattern, what string
 // starve takes every connection of a dispatcher's pool for up to three leases.
 func (h *hist) starve(ctx context.Context, r *rand.Rand) {
 	d := h.dispatchers[r.IntN(len(h.dispatchers))]
+	h.starveFor(d, histLease/2+time.Duration(r.Int64N(int64(5*histLease/2))), "")
+}
+
+// starveFor takes every connection of d's pool for hold. From inside d's publisher
+// (why names it) it returns once the connections are taken, so that d's next write
+// waits for them: by then another dispatcher may have claimed the batch.
+func (h *hist) starveFor(d *histDispatcher, hold time.Duration, why string) {
 	if !d.starving.CompareAndSwap(false, true) {
 		return
 	}
-	hold := histLease/2 + time.Duration(r.Int64N(int64(5*histLease/2)))
+	taken := make(chan struct{})
 	h.faults.Go(func() {
 		defer d.starving.Store(false)
-		h.record(history.Event{Client: h.client(d.name), Kind: "fault", Op: "starve", Key: "-", Detail: fmt.Sprintf("%s for %s", d.slot, hold)})
-		h.count("fault: dispatcher pool starved")
-		hctx, cancel := context.WithTimeout(ctx, hold)
+		h.record(history.Event{Client: h.client(d.name), Kind: "fault", Op: "starve", Key: "-", Detail: fmt.Sprintf("%s for %s %s", d.slot, hold, why)})
+		if why == "" {
+			h.count("fault: dispatcher pool starved")
+		} else {
+			h.count("fault: dispatcher pool starved " + why)
+		}
+		hctx, cancel := context.WithTimeout(context.Background(), hold)
 		defer cancel()
 		var held []*pgxpool.Conn
 		for range d.pool.Config().MaxConns {
@@ -753,17 +862,48 @@ func (h *hist) starve(ctx context.Context, r *rand.Rand) {
 			}
 			held = append(held, c)
 		}
+		close(taken)
 		<-hctx.Done()
 		for _, c := range held {
 			c.Release()
 		}
 		h.record(history.Event{Client: h.client(d.name), Kind: "fault", Op: "starve-end", Key: "-", Detail: d.slot})
 	})
+	if why != "" {
+		<-taken
+	}
+}
+
+// lockHead holds the row of the first pending event of an ordered key that has later
+// pending events locked for a while, as a dispatcher recording its outcome slowly does:
+// a claim skips the row, and must not take the events behind it.
+func (h *hist) lockHead(ctx context.Context, r *rand.Rand, pool *pgxpool.Pool) {
+	hold := time.Duration(50+r.IntN(400)) * time.Millisecond
+	h.faults.Go(func() {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+		var id uuid.UUID
+		var key string
+		err = tx.QueryRow(ctx, `SELECT id, ordering_key FROM outbox_events e WHERE state = 'pending' AND ordering_key IS NOT NULL
+			AND EXISTS (SELECT 1 FROM outbox_events l WHERE l.ordering_key = e.ordering_key AND l.state = 'pending' AND l.seq > e.seq)
+			AND NOT EXISTS (SELECT 1 FROM outbox_events p WHERE p.ordering_key = e.ordering_key AND p.state = 'pending' AND p.seq < e.seq)
+			ORDER BY random() LIMIT 1 FOR UPDATE SKIP LOCKED`).Scan(&id, &key)
+		if err != nil {
+			return
+		}
+		h.record(history.Event{Kind: "fault", Op: "lock-row", Key: short(id), Detail: fmt.Sprintf("key %s for %s", key, hold)})
+		h.count("fault: head of an ordered key held locked")
+		sleepCtx(ctx, hold)
+	})
 }
 
 // settle is the last phase: the faults stop, every dead event is retried, and healthy
 // dispatchers drain both outboxes.
 func (h *hist) settle(t *testing.T) {
+	h.proxy.SetEnabled(false)
 	for _, c := range h.children {
 		h.kill(c)
 	}
@@ -924,6 +1064,19 @@ func (h *hist) check(t *testing.T) {
 				What: "an event whose transaction rolled back was published", Events: evidence(id)})
 		}
 	}
+	// A producer's transaction committed exactly when its client was told so, or told
+	// the outcome is unknown.
+	for id, tx := range h.txOf {
+		_, ok := committed[id]
+		switch {
+		case ok && tx.outcome == "rolled back":
+			vs = append(vs, history.Violation{Check: "a plain error means nothing committed", Key: short(id),
+				What: fmt.Sprintf("the event is in the outbox, yet its transaction said it rolled back (%v)", tx.err), Events: evidence(id)})
+		case !ok && tx.outcome == "committed":
+			vs = append(vs, history.Violation{Check: "a committed transaction's events are in the outbox", Key: short(id),
+				What: "the event's transaction committed, and the event is not in the outbox", Events: evidence(id)})
+		}
+	}
 	for id, row := range committed {
 		if !okBefore(id, math.MaxInt64) || row.state != "published" {
 			vs = append(vs, history.Violation{Check: "every committed event is published", Key: short(id),
@@ -998,6 +1151,7 @@ func (h *hist) check(t *testing.T) {
 		}
 	}
 	vs = append(vs, h.deadlocks...)
+	vs = append(vs, h.checkWrites(t, evidence)...)
 
 	ok, overran := 0, 0
 	for _, p := range pubs {
@@ -1033,6 +1187,48 @@ func (h *hist) check(t *testing.T) {
 		t.Errorf("history: check %q broken %d times", check, n)
 	}
 	history.Report(t, shown, 40)
+}
+
+// checkWrites checks that a dispatcher writes only the events it holds: each write
+// that is not a claim finds the owner token of a claim by the same dispatcher.
+func (h *hist) checkWrites(t *testing.T, evidence func(ids ...uuid.UUID) []history.Event) []history.Violation {
+	rows, err := h.rec.Query(context.Background(), `SELECT tick, event_id, app, old_by, new_by, old_state, new_state FROM hist_writes ORDER BY tick`)
+	require.NoError(t, err)
+	type write struct {
+		tick               int64
+		event              uuid.UUID
+		app                string
+		oldBy, newBy       *uuid.UUID
+		oldState, newState string
+	}
+	writes, err := pgx.CollectRows(rows, pgx.RowToStructByPos[write])
+	require.NoError(t, err)
+	var vs []history.Violation
+	owner := map[uuid.UUID]string{} // token -> the dispatcher that claimed with it
+	for _, w := range writes {
+		if w.newBy != nil && (w.oldBy == nil || *w.oldBy != *w.newBy) {
+			owner[*w.newBy] = w.app
+			continue
+		}
+		what := fmt.Sprintf("%s wrote %s (%s -> %s)", strings.TrimPrefix(w.app, "histd-"), short(w.event), w.oldState, w.newState)
+		switch {
+		case w.oldBy == nil:
+			what += ", which no dispatcher held"
+		case owner[*w.oldBy] != w.app:
+			what += fmt.Sprintf(", which %s held", strings.TrimPrefix(owner[*w.oldBy], "histd-"))
+		default:
+			continue
+		}
+		ev := evidence(w.event)
+		var at time.Duration
+		if len(ev) > 0 {
+			at = ev[len(ev)-1].At
+		}
+		ev = append(ev, history.Event{Seq: int(w.tick), At: at, Kind: "write", Op: "outbox", Key: short(w.event), Detail: what})
+		vs = append(vs, history.Violation{Check: "a dispatcher writes only the events it holds", Key: short(w.event), What: what, Events: ev})
+	}
+	h.counts["dispatcher writes"] = len(writes)
+	return vs
 }
 
 func ordered(lanes []*histLane) *histLane {

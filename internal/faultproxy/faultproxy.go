@@ -66,6 +66,10 @@ type Plan struct {
 
 	Cut, CutAnswer, Delay, HalfClose float64
 	CommitLost, CommitFatal          float64
+	// SyncLost and SyncFatal are CommitLost and CommitFatal for every other round
+	// trip's end (a Sync, or a Query that is not a COMMIT): the answer of a statement
+	// outside a transaction block, which commits by itself, or of a pipeline.
+	SyncLost, SyncFatal float64
 	// MaxDelay bounds a Delay. Defaults to 20ms.
 	MaxDelay time.Duration
 
@@ -166,8 +170,7 @@ func (p *Proxy) accept() {
 			continue
 		}
 		c := &pconn{p: p, n: n, client: client, server: server, rawAnswers: make(chan int, 4),
-			crng: rand.New(rand.NewPCG(p.plan.Seed, uint64(2*n))), srng: rand.New(rand.NewPCG(p.plan.Seed, uint64(2*n+1))),
-			commitDone: make(chan struct{})}
+			crng: rand.New(rand.NewPCG(p.plan.Seed, uint64(2*n))), srng: rand.New(rand.NewPCG(p.plan.Seed, uint64(2*n+1)))}
 		p.mu.Lock()
 		p.conns[c] = struct{}{}
 		p.mu.Unlock()
@@ -203,8 +206,6 @@ type pconn struct {
 	// commitKind is the fault planned for that answer.
 	commitAt   int
 	commitKind string
-	commitText string
-	commitDone chan struct{}
 }
 
 func (c *pconn) close() {
@@ -286,8 +287,11 @@ func (c *pconn) fromClient() {
 				c.p.fault(Delay, c.n, d.String())
 				time.Sleep(d)
 			}
-			if commit {
-				c.planCommit(typ, msg)
+			switch {
+			case commit:
+				c.planCommit(typ, plan.CommitLost, plan.CommitFatal)
+			case typ == 'S' || typ == 'Q':
+				c.planCommit(typ, plan.SyncLost, plan.SyncFatal)
 			}
 		}
 		c.mu.Lock()
@@ -301,15 +305,18 @@ func (c *pconn) fromClient() {
 	}
 }
 
-// planCommit decides the fault, if any, for the answer to a COMMIT about to be sent.
-func (c *pconn) planCommit(typ byte, msg []byte) {
-	plan := c.p.plan
+// planCommit decides the fault, if any, for the answer to a COMMIT (or another round
+// trip) about to be sent: lost with probability lost, a FATAL with probability fatal.
+func (c *pconn) planCommit(typ byte, lost, fatal float64) {
+	if lost+fatal == 0 {
+		return
+	}
 	x := c.crng.Float64()
 	kind := ""
 	switch {
-	case x < plan.CommitLost:
+	case x < lost:
 		kind = CommitLost
-	case x < plan.CommitLost+plan.CommitFatal:
+	case x < lost+fatal:
 		kind = CommitFatal
 	default:
 		return
@@ -319,9 +326,8 @@ func (c *pconn) planCommit(typ byte, msg []byte) {
 	if c.commitAt != 0 {
 		return
 	}
-	c.commitAt = c.syncs + 1 // the ReadyForQuery of this Query, or of the Sync that follows this Bind
+	c.commitAt = c.syncs + 1 // the ReadyForQuery of this Query or Sync, or of the Sync that follows this Bind
 	c.commitKind = kind
-	c.commitText = fmt.Sprintf("%q", typ)
 }
 
 // fromServer forwards the server's messages; after a COMMIT with a planned fault it
@@ -356,7 +362,7 @@ func (c *pconn) fromServer() {
 			if zs < at {
 				continue
 			}
-			c.p.fault(kind, c.n, "after the server answered COMMIT")
+			c.p.fault(kind, c.n, "after the server answered")
 			if kind == CommitFatal {
 				_, _ = c.client.Write(fatal57P01)
 			}
