@@ -60,8 +60,8 @@ test-citus: ## Run the ledger, activity, saga, inbox, outbox, migrate, webhook a
 	ONCEKIT_CITUS=1 $(GO) test $(CITUS_TEST_FLAGS) $(CITUS_PACKAGES)
 
 STRESS ?= 5m
-stress: ## Run the seeded history checkers of the ledger and the outbox for STRESS each (5m); ONCEKIT_SEED=N replays a seed.
-	ONCEKIT_STRESS=$(STRESS) $(GO) test -race -count=1 -p 1 -timeout 3h -run 'History' -v ./ledger ./outbox \
+stress: ## Run the seeded history checkers of the ledger, the inbox and the outbox, with TCP faults, for STRESS each (5m); ONCEKIT_SEED=N replays a seed.
+	ONCEKIT_STRESS=$(STRESS) $(GO) test -race -count=1 -p 1 -timeout 3h -run 'History' -v ./ledger ./inbox ./outbox \
 		| grep -E '^(=== RUN|--- |PASS|FAIL|ok )|history:|Error|broken|#[0-9]'
 
 MUTATE_SEEDS ?= 1,2,3
