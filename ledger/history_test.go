@@ -33,7 +33,8 @@ const (
 	histLease     = 300 * time.Millisecond
 	histClients   = 16
 	histDoKeys    = 24
-	histExtKeys   = 3
+	histExtKeys   = 5 // the first histLongKeys take long leases too; the others only short ones
+	histLongKeys  = 2
 )
 
 // histChecks are the checks run on the history.
@@ -397,7 +398,7 @@ func (e *histEnv) step(client int, rng *rand.Rand) {
 	switch n := rng.IntN(100); {
 	case n < 55:
 		c.op = "Do"
-	case n < 80:
+	case n < 75:
 		c.op = "DoTx"
 	default:
 		c.op = "Ext"
@@ -565,7 +566,9 @@ func (e *histEnv) external(c *hcall, rng *rand.Rand) {
 	if rng.IntN(2) == 0 {
 		opts.Wait = time.Duration(rng.IntN(400)) * time.Millisecond
 	}
-	long := rng.IntN(3) == 0
+	// The keys that take long leases also stay held for long; on the others stale
+	// owners come often: a holder stalls past its short lease while others wait.
+	long := c.key < "e"+strconv.Itoa(histLongKeys) && rng.IntN(2) == 0
 	if long {
 		opts.Lease = histRetention + time.Duration(rng.IntN(int(2*histRetention/time.Millisecond)))*time.Millisecond
 	}
