@@ -1201,7 +1201,11 @@ func (h *hist) checkWrites(t *testing.T, evidence func(ids ...uuid.UUID) []histo
 		oldBy, newBy       *uuid.UUID
 		oldState, newState string
 	}
-	writes, err := pgx.CollectRows(rows, pgx.RowToStructByPos[write])
+	writes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (write, error) {
+		var w write
+		err := r.Scan(&w.tick, &w.event, &w.app, &w.oldBy, &w.newBy, &w.oldState, &w.newState)
+		return w, err
+	})
 	require.NoError(t, err)
 	var vs []history.Violation
 	owner := map[uuid.UUID]string{} // token -> the dispatcher that claimed with it
