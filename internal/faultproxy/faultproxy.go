@@ -244,6 +244,10 @@ func (c *pconn) fromClient() {
 		}
 	}
 	close(c.rawAnswers)
+	// The startup ends in a ReadyForQuery of its own, which the server reader counts.
+	c.mu.Lock()
+	c.syncs = 1
+	c.mu.Unlock()
 	statements := map[string]bool{} // prepared statement name -> its text is COMMIT
 	for {
 		msg, err := readTyped(r)

@@ -102,3 +102,28 @@ func TestCutRollsBack(t *testing.T) {
 	require.Equal(t, 0, count("SELECT count(*) FROM t"), "the connection was cut before COMMIT")
 	require.EqualValues(t, 1, p.Count(faultproxy.Cut))
 }
+
+// TestSyncLost: a statement outside a transaction block commits by itself; with its
+// answer lost, the client hears no SQLSTATE and the row is there.
+func TestSyncLost(t *testing.T) {
+	ctx := context.Background()
+	conn, p, count := proxied(t, faultproxy.Plan{Seed: 3}, pgx.QueryExecModeCacheStatement)
+	_, err := conn.Exec(ctx, "SELECT 1") // the statement cache and the connection are warm
+	require.NoError(t, err)
+	p2, err := faultproxy.New("tcp", p.Addr(), faultproxy.Plan{Seed: 3, SyncLost: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p2.Close() })
+	cfg := conn.Config()
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	p2.Route(&cfg.Config)
+	p2.SetEnabled(false)
+	conn2, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn2.Close(context.Background()) })
+	p2.SetEnabled(true)
+	_, err = conn2.Exec(ctx, "INSERT INTO t VALUES ($1)", 5)
+	require.Error(t, err)
+	require.Equal(t, "", pgsql.Code(err), "%v", err)
+	require.Equal(t, 1, count("SELECT count(*) FROM t WHERE id = 5"), "the statement committed by itself")
+	require.EqualValues(t, 1, p2.Count(faultproxy.CommitLost))
+}
