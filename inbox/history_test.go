@@ -211,9 +211,18 @@ func checkInboxHistory(t *testing.T, pool *pgxpool.Pool, log *history.Log, calls
 	}
 
 	var vs []history.Violation
-	bad := func(check, key, what string) {
-		vs = append(vs, history.Violation{Check: check, Key: key, What: what, Events: log.Of(key)})
+	// bad reports a violation with the events of key up to seq, the call that shows
+	// it (or all of them, for seq -1).
+	badAt := func(check, key string, seq int, what string) {
+		var events []history.Event
+		for _, e := range log.Of(key) {
+			if seq < 0 || e.Seq <= seq {
+				events = append(events, e)
+			}
+		}
+		vs = append(vs, history.Violation{Check: check, Key: key, What: what, Events: events})
 	}
+	bad := func(check, key, what string) { badAt(check, key, -1, what) }
 	for key, ids := range perMsg {
 		if len(ids) > 1 {
 			bad("handled at most once per subscriber and message", key, fmt.Sprintf("the effects of calls %v committed", ids))
@@ -259,24 +268,24 @@ func checkInboxHistory(t *testing.T, pool *pgxpool.Pool, log *history.Log, calls
 		}
 		kinds[class]++
 		if n := c.calls.Load(); n > 1 {
-			bad("the handler runs at most once per call", key, fmt.Sprintf("call %d: the handler ran %d times", c.id, n))
+			badAt("the handler runs at most once per call", key, c.seq, fmt.Sprintf("call %d: the handler ran %d times", c.id, n))
 		}
 		switch class {
 		case "error":
 			if effect || rejectedHere {
-				bad("a plain error means nothing committed", key, fmt.Sprintf("call %d returned %v, yet its effect or rejection committed", c.id, c.err))
+				badAt("a plain error means nothing committed", key, c.seq, fmt.Sprintf("call %d returned %v, yet its effect or rejection committed", c.id, c.err))
 			}
 		case "ok":
 			if !effect {
-				bad("what the client sees is what was committed", key, fmt.Sprintf("call %d (%s) reported the message handled; its effect did not commit", c.id, c.kind))
+				badAt("what the client sees is what was committed", key, c.seq, fmt.Sprintf("call %d (%s) reported the message handled; its effect did not commit", c.id, c.kind))
 			}
 		case "duplicate":
 			if effect || rejectedHere {
-				bad("what the client sees is what was committed", key, fmt.Sprintf("call %d reported a duplicate; its own writes committed", c.id))
+				badAt("what the client sees is what was committed", key, c.seq, fmt.Sprintf("call %d reported a duplicate; its own writes committed", c.id))
 			}
 		case "rejected":
 			if !c.res.Duplicate && !rejectedHere {
-				bad("what the client sees is what was committed", key, fmt.Sprintf("call %d reported a rejection; the record is %q", c.id, rec.state))
+				badAt("what the client sees is what was committed", key, c.seq, fmt.Sprintf("call %d reported a rejection; the record is %q", c.id, rec.state))
 			}
 		}
 	}

@@ -636,7 +636,11 @@ func short(id uuid.UUID) string { return id.String()[:8] }
 func (h *hist) produce(ctx context.Context, i int, r *rand.Rand) {
 	for ctx.Err() == nil {
 		lane := h.lanes[r.IntN(len(h.lanes))]
-		events := make([]outbox.Event, 1+r.IntN(3))
+		n := 1 + r.IntN(3)
+		if r.IntN(8) == 0 {
+			n = 6 + r.IntN(7) // a burst: the dispatchers' batches hold several events, of a key too
+		}
+		events := make([]outbox.Event, n)
 		var desc []string
 		for j := range events {
 			events[j] = outbox.Event{ID: histID(r), Topic: "history", Payload: []byte(fmt.Sprintf(`{"producer":%d}`, i))}
