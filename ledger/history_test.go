@@ -909,8 +909,8 @@ func (e *histEnv) checkReplay(c *hcall, body string, failed bool, committedBy ma
 	switch {
 	case producer.op == "Do" && producer.kind == "unknown":
 		return // the producer's commit went unanswered, and it said so
-	case producer.op == "DoTx" && producer.err == nil && producer.commitErr != nil:
-		return // the caller's own commit went unanswered
+	case producer.op == "DoTx" && producer.commitErr != nil:
+		return // the caller's own commit (of a result or a stored failure) went unanswered
 	case producer.err != nil:
 		bad("a plain error means nothing committed", c, "replayed call %d's result, which returned %s: %v", id, producer.kind, producer.err)
 		return
