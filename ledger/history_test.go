@@ -911,7 +911,7 @@ func (e *histEnv) checkReplay(c *hcall, body string, failed bool, committedBy ma
 		return // the producer's commit went unanswered, and it said so
 	case producer.op == "DoTx" && producer.commitErr != nil:
 		return // the caller's own commit (of a result or a stored failure) went unanswered
-	case producer.err != nil:
+	case producer.err != nil && producer.kind != "definitive":
 		bad("a plain error means nothing committed", c, "replayed call %d's result, which returned %s: %v", id, producer.kind, producer.err)
 		return
 	}
