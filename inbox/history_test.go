@@ -125,8 +125,12 @@ func TestHistoryInbox(t *testing.T) {
 		clients.Go(func() {
 			r := run.Rand(i)
 			for time.Now().Before(deadline) {
-				c := &icall{id: nextID.Add(1), client: i, subscriber: "s" + strconv.Itoa(r.IntN(inboxHistSubscribers)),
-					message: "m" + strconv.Itoa(r.IntN(inboxHistMessages)), inbox: names[r.IntN(len(names))]}
+				// The messages move on every few hundred calls, so that a long run keeps
+				// delivering new messages beside redeliveries.
+				id := nextID.Add(1)
+				gen := int(id / (5 * inboxHistMessages))
+				c := &icall{id: id, client: i, subscriber: "s" + strconv.Itoa(r.IntN(inboxHistSubscribers)),
+					message: "m" + strconv.Itoa(gen*inboxHistMessages+r.IntN(inboxHistMessages)), inbox: names[r.IntN(len(names))]}
 				c.kind = []string{"ok", "ok", "ok", "slow", "fail", "reject"}[r.IntN(6)]
 				deliver(ctx, c, inboxes[c.inbox], log, r)
 				mu.Lock()
