@@ -475,7 +475,9 @@ func (h *hist) start(t *testing.T, d *histDispatcher) {
 	}
 	pub := &histPublisher{rec: h.rec, lane: d.lane.schema, startSQL: h.startSQL[d.lane.schema], dispatcher: d.name,
 		seed: h.seed, healthy: d.healthy, fail: h.problem, starve: func(r *rand.Rand) {
-			h.starveFor(d, histLease+time.Duration(r.Int64N(int64(histLease/2))), "from its publisher")
+			// Well past the lease, so that another dispatcher claims the rest of the batch
+			// before this one's next write.
+			h.starveFor(d, 3*histLease/2+time.Duration(r.Int64N(int64(histLease))), "from its publisher")
 		}}
 	dd, err := outbox.NewDispatcher(out, pub, histDispatcherConfig(d.lane.ordered, d.batch, h.errorFunc))
 	if err != nil {
