@@ -231,6 +231,8 @@ func toTemporal(err error) error {
 		return temporal.NewApplicationError(err.Error(), policy.ErrTypeInProgress)
 	case errors.Is(err, ledger.ErrLeaseLost):
 		return temporal.NewApplicationError(err.Error(), policy.ErrTypeLeaseLost)
+	case errors.Is(err, ledger.ErrOutcomeUnknown):
+		return temporal.NewApplicationError(err.Error(), policy.ErrTypeOutcomeUnknown)
 	case errors.As(err, &ve), errors.Is(err, ledger.ErrBodyTooLarge), errors.Is(err, ledger.ErrNilFunc), errors.Is(err, ledger.ErrManagedTx):
 		return invalid(err)
 	}

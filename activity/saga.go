@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	tactivity "go.temporal.io/sdk/activity"
 
+	"github.com/oncekit/oncekit/internal/pgsql"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/saga"
@@ -269,7 +270,13 @@ func inTx(ctx context.Context, g *guard, fn func(tx pgx.Tx) error) error {
 	if err := fn(tx); err != nil {
 		return err
 	}
-	return tx.Commit(ctx)
+	if err := tx.Commit(ctx); pgsql.CommitUnknown(err) {
+		// The saga's record may have committed: a retry reads it, never a rollback.
+		return toTemporal(&ledger.OutcomeUnknownError{Scope: g.in.Scope, Key: g.in.Key, Err: err})
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
 // StepState is what the ledger holds for the saga step a compensation undoes.
