@@ -89,6 +89,7 @@ func (l *Ledger) ClaimTx(ctx context.Context, tx pgx.Tx, in Intent, opts *ClaimO
 
 func (l *Ledger) instrumentedClaim(ctx context.Context, q querier, in Intent, opts *ClaimOpts) (res ClaimResult, err error) {
 	ctx, c := l.tel.begin(ctx, "Claim", in.Scope)
+	defer func() { err = l.r.Name(in.Scope.Tenant, err) }()
 	defer func() {
 		outcome := doOutcome(res.Result, err)
 		if res.Lease != nil && res.Lease.Redrive {
@@ -111,7 +112,7 @@ func (l *Ledger) finish(ctx context.Context, name string, lease *Lease, ok strin
 	ctx, c := l.tel.begin(ctx, name, scope)
 	err := f(ctx)
 	c.end(finishOutcome(ok, err), err)
-	return err
+	return l.r.Name(scope.Tenant, err)
 }
 
 func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpts) (ClaimResult, error) {
@@ -397,7 +398,11 @@ func (l *Ledger) markUncertain(ctx context.Context, q querier, lease *Lease) err
 // Extend renews the lease for d from now, for a call that takes longer than planned.
 // It updates lease.Until.
 func (l *Ledger) Extend(ctx context.Context, lease *Lease, d time.Duration) error {
-	return l.onLease(lease, func(q querier) error { return l.extend(ctx, q, lease, d) })
+	err := l.onLease(lease, func(q querier) error { return l.extend(ctx, q, lease, d) })
+	if lease != nil {
+		err = l.r.Name(lease.Scope.Tenant, err)
+	}
+	return err
 }
 
 // ExtendTx is [Ledger.Extend] inside the caller's transaction.

@@ -119,7 +119,10 @@ type DoOpts struct {
 // not run.
 func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (res Result, err error) {
 	ctx, c := l.tel.begin(ctx, "Do", in.Scope)
-	defer func() { c.end(doOutcome(res, err), err) }()
+	defer func() {
+		c.end(doOutcome(res, err), err)
+		err = l.r.Name(in.Scope.Tenant, err)
+	}()
 	o := doOpts(opts)
 	if err := l.precheck(ctx, in, fn, o); err != nil {
 		return Result{}, err
@@ -152,7 +155,10 @@ func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (res 
 // claim: ModeOptimistic in Do, or [Ledger.Claim].
 func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, in Intent, fn Func, opts *DoOpts) (res Result, err error) {
 	ctx, c := l.tel.begin(ctx, "DoTx", in.Scope)
-	defer func() { c.end(doOutcome(res, err), err) }()
+	defer func() {
+		c.end(doOutcome(res, err), err)
+		err = l.r.Name(in.Scope.Tenant, err)
+	}()
 	o := doOpts(opts)
 	if err := l.precheck(ctx, in, fn, o); err != nil {
 		return Result{}, err

@@ -202,7 +202,11 @@ func (l *Ledger) Get(ctx context.Context, scope keys.Scope, key keys.Key) (*Reco
 	if err != nil {
 		return nil, err
 	}
-	return l.get(ctx, pool, scope, key)
+	rec, err := l.get(ctx, pool, scope, key)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		err = l.r.Name(scope.Tenant, err)
+	}
+	return rec, err
 }
 
 // GetTx is [Ledger.Get] inside the caller's transaction.

@@ -60,7 +60,9 @@ type ListOpts struct {
 	Limit int
 }
 
-// List returns records, newest first, filtered by opts.
+// List returns records, newest first, filtered by opts. On a ledger of several shards
+// it lists every shard; when some fail, it returns the records of those that answered
+// together with an error naming each that did not (a [*shard.Error] per shard).
 func (l *Ledger) List(ctx context.Context, opts *ListOpts) ([]Record, error) {
 	o := ListOpts{}
 	if opts != nil {
@@ -97,12 +99,10 @@ func (l *Ledger) List(ctx context.Context, opts *ListOpts) ([]Record, error) {
 		recs = append(recs, page...)
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
-	// Each shard's page is in order; merged, the newest o.Limit of them are the page.
+	// Each shard's page is in order; merged, the newest o.Limit of them are the page:
+	// the records of the shards that answered, beside an error naming those that did not.
 	slices.SortStableFunc(recs, newestFirst)
-	return recs[:min(len(recs), o.Limit)], nil
+	return recs[:min(len(recs), o.Limit)], err
 }
 
 func (l *Ledger) listOn(ctx context.Context, pool *pgxpool.Pool, args []any) ([]Record, error) {

@@ -289,8 +289,18 @@ func TestSharded_OneShardDownTheOtherGoesOn(t *testing.T) {
 	}
 	_, err = do(onB, "during")
 	require.Error(t, err, "shard b is down")
+	var named *shard.Error
+	require.ErrorAs(t, err, &named, "a dead shard's error names it")
+	require.Equal(t, "b", named.Shard)
+	_, err = l.Claim(ctx, intent(t, onB, "claim-during", order{Item: "x"}), nil)
+	require.ErrorAs(t, err, &named)
+	require.Equal(t, "b", named.Shard)
 	_, err = l.Stats(ctx)
 	require.ErrorContains(t, err, `shard "b"`)
+	recs, err := l.List(ctx, nil)
+	require.ErrorAs(t, err, &named, "List names the shard that failed")
+	require.Equal(t, "b", named.Shard)
+	require.Len(t, recs, 5, "List returns the live shard's records beside the error")
 	sb.clock.Advance(2 * time.Hour)
 	res, err := l.Purge(ctx, nil)
 	require.ErrorContains(t, err, `shard "b"`)

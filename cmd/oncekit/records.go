@@ -17,6 +17,7 @@ import (
 
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/shard"
 )
 
 // purposeDefault is the purpose activity.External derives its downstream key with
@@ -458,10 +459,12 @@ func (a *app) list(f *filters) error {
 		return err
 	}
 	o.Limit++
-	recs, err := l.List(a.ctx, &o)
-	if err != nil {
-		return err
+	recs, listErr := l.List(a.ctx, &o)
+	var down *shard.Error
+	if listErr != nil && !errors.As(listErr, &down) {
+		return listErr
 	}
+	// Shards that failed are named after the records of those that answered.
 	lv := listView{Records: []recordView{}}
 	if len(recs) > f.limit {
 		recs = recs[:f.limit]
@@ -490,6 +493,9 @@ func (a *app) list(f *filters) error {
 	})
 	if err == nil && lv.More && !a.json {
 		fmt.Fprintf(a.errOut, "oncekit: more records match: add --after %s for the next page\n", *lv.NextCursor)
+	}
+	if err == nil {
+		err = listErr
 	}
 	return err
 }
