@@ -39,7 +39,11 @@
 //
 // A mutation that returns a [*DefinitiveError] (a declined card) has its writes rolled
 // back and the failure stored; every retry receives the same failure. Any other error
-// rolls back everything and leaves the key free for the next attempt. A concurrent
+// but one rolls back everything and leaves the key free for the next attempt. The one
+// is an [*OutcomeUnknownError] (errors.Is [ErrOutcomeUnknown]): the commit was sent and
+// its answer lost (a FATAL, a broken connection, a context that ended), so the
+// mutation may have committed; it is never a rollback, and a retry with the same key
+// settles it, replaying the result if the commit happened. A concurrent
 // duplicate waits up to DoOpts.Wait (and no longer than its context's deadline): when
 // the attempt holding the key completes, the duplicate replays its result; when that
 // attempt fails, one waiter takes the key and runs its mutation, and the others replay
