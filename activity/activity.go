@@ -204,6 +204,9 @@ func decode[Resp any](body []byte) (Resp, error) {
 	return r, nil
 }
 
+// errNilFunc is the error of a nil side effect.
+var errNilFunc = errors.New("oncekit/activity: nil function: pass the side effect to run")
+
 // invalid marks an error no retry can fix. The error's text becomes the message and is
 // not repeated as a cause, so it appears once in the workflow's error.
 func invalid(err error) error {
@@ -233,7 +236,7 @@ func toTemporal(err error) error {
 		return temporal.NewApplicationError(err.Error(), policy.ErrTypeLeaseLost)
 	case errors.Is(err, ledger.ErrOutcomeUnknown):
 		return temporal.NewApplicationError(err.Error(), policy.ErrTypeOutcomeUnknown)
-	case errors.As(err, &ve), errors.Is(err, ledger.ErrBodyTooLarge), errors.Is(err, ledger.ErrNilFunc), errors.Is(err, ledger.ErrManagedTx):
+	case errors.As(err, &ve), errors.Is(err, ledger.ErrBodyTooLarge), errors.Is(err, ledger.ErrManagedTx):
 		return invalid(err)
 	}
 	return err

@@ -22,7 +22,7 @@ type Func[Req, Resp any] func(ctx context.Context, tx pgx.Tx, call Call, req Req
 func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *Opts) (Resp, error) {
 	var zero Resp
 	if fn == nil {
-		return zero, invalid(ledger.ErrNilFunc)
+		return zero, invalid(errNilFunc)
 	}
 	g, err := newGuard(ctx, req, opts)
 	if err != nil {
@@ -72,7 +72,7 @@ func (g *guard) mode() ledger.Mode {
 // running it. A [Definitive] failure is stored and replayed like Do's.
 func DoErr[Req any](ctx context.Context, req Req, fn func(ctx context.Context, tx pgx.Tx, call Call, req Req) error, opts *Opts) error {
 	if fn == nil {
-		return invalid(ledger.ErrNilFunc)
+		return invalid(errNilFunc)
 	}
 	_, err := Do(ctx, req, func(ctx context.Context, tx pgx.Tx, call Call, req Req) (struct{}, error) {
 		return struct{}{}, fn(ctx, tx, call, req)

@@ -33,7 +33,7 @@ type ClaimOpts struct {
 	Token uuid.UUID
 }
 
-// Lease is an owned claim on a key in the external-effect mode. Only the holder of the
+// Lease is an owned claim on a key by Claim. Only the holder of the
 // lease's token may complete, fail or release the record.
 type Lease struct {
 	Intent
@@ -89,7 +89,7 @@ func (l *Ledger) ClaimTx(ctx context.Context, tx pgx.Tx, in Intent, opts *ClaimO
 
 func (l *Ledger) instrumentedClaim(ctx context.Context, q querier, in Intent, opts *ClaimOpts) (res ClaimResult, err error) {
 	ctx, c := l.tel.begin(ctx, "Claim", in.Scope)
-	defer func() { err = l.r.Name(in.Scope.Tenant, err) }()
+	defer func() { err = l.named(in.Scope.Tenant, err) }()
 	defer func() {
 		outcome := doOutcome(res.Result, err)
 		if res.Lease != nil && res.Lease.Redrive {
@@ -112,7 +112,7 @@ func (l *Ledger) finish(ctx context.Context, name string, lease *Lease, ok strin
 	ctx, c := l.tel.begin(ctx, name, scope)
 	err := f(ctx)
 	c.end(finishOutcome(ok, err), err)
-	return l.r.Name(scope.Tenant, err)
+	return l.named(scope.Tenant, err)
 }
 
 func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpts) (ClaimResult, error) {
@@ -400,7 +400,7 @@ func (l *Ledger) markUncertain(ctx context.Context, q querier, lease *Lease) err
 func (l *Ledger) Extend(ctx context.Context, lease *Lease, d time.Duration) error {
 	err := l.onLease(lease, func(q querier) error { return l.extend(ctx, q, lease, d) })
 	if lease != nil {
-		err = l.r.Name(lease.Scope.Tenant, err)
+		err = l.named(lease.Scope.Tenant, err)
 	}
 	return err
 }

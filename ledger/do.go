@@ -41,21 +41,19 @@ type Func func(ctx context.Context, tx pgx.Tx) (Response, error)
 type Mode int
 
 const (
-	// ModeDefault, the zero Mode, is [ModeClaimWithFirstStatement]: of the modes that
-	// never run fn's statements for a taken key, the one that costs least.
-	ModeDefault Mode = iota
-	// ModeClaimWithFirstStatement sends the claim in the round trip of fn's first
-	// statement, and the record with COMMIT: a first execution whose fn sends one
-	// statement takes two round trips, those of the bare transaction less BEGIN's. fn is
-	// called before the claim's answer is known. When the key is taken, fn's first
-	// statement does not run: the call waits for the key as Wait allows and, when the
-	// attempt holding it fails, takes it and runs the statement then; when the key's
-	// record decides the call (a replay, a stored failure, a reused key, or in progress
-	// past the wait), the statement and every later one return an error without running,
-	// and the call returns the record's answer whatever fn returns. So fn must act
-	// through tx: anything it does before its first statement happens even for a call
-	// that replays. A replay takes three round trips.
-	ModeClaimWithFirstStatement
+	// ModeClaimWithFirstStatement, the zero Mode and so the default, sends the claim in
+	// the round trip of fn's first statement, and the record with COMMIT: a first
+	// execution whose fn sends one statement takes two round trips, those of the bare
+	// transaction less BEGIN's. Of the modes that never run fn's statements for a taken
+	// key, it costs least. fn is called before the claim's answer is known. When the key
+	// is taken, fn's first statement does not run: the call waits for the key as Wait
+	// allows and, when the attempt holding it fails, takes it and runs the statement
+	// then; when the key's record decides the call (a replay, a stored failure, a reused
+	// key, or in progress past the wait), the statement and every later one return an
+	// error without running, and the call returns the record's answer whatever fn
+	// returns. So fn must act through tx: anything it does before its first statement
+	// happens even for a call that replays. A replay takes three round trips.
+	ModeClaimWithFirstStatement Mode = iota
 	// ModeClaimFirst claims the key, and waits for the answer, before fn is called:
 	// fn is never called for a key another attempt holds or completed. A first
 	// execution takes one round trip more than ModeClaimWithFirstStatement, a replay
@@ -80,7 +78,7 @@ const (
 	ModeOptimistic
 )
 
-var modeNames = [...]string{"default", "claim_with_first_statement", "claim_first", "look_up_first", "optimistic"}
+var modeNames = [...]string{"claim_with_first_statement", "claim_first", "look_up_first", "optimistic"}
 
 func (m Mode) String() string {
 	if m < 0 || int(m) >= len(modeNames) {
@@ -92,7 +90,8 @@ func (m Mode) String() string {
 // DoOpts are per-call options of [Ledger.Do] and [Ledger.DoTx]. A nil *DoOpts means
 // all defaults.
 type DoOpts struct {
-	// Mode is how the call claims its key. Defaults to [ModeDefault].
+	// Mode is how the call claims its key. Defaults to [ModeClaimWithFirstStatement],
+	// the zero Mode.
 	Mode Mode
 	// Wait bounds how long the call waits for a concurrent attempt with the same key.
 	// When that attempt completes in time its result is replayed; when it fails, this
@@ -121,7 +120,7 @@ func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (res 
 	ctx, c := l.tel.begin(ctx, "Do", in.Scope)
 	defer func() {
 		c.end(doOutcome(res, err), err)
-		err = l.r.Name(in.Scope.Tenant, err)
+		err = l.named(in.Scope.Tenant, err)
 	}()
 	o := doOpts(opts)
 	if err := l.precheck(ctx, in, fn, o); err != nil {
@@ -157,7 +156,7 @@ func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, in Intent, fn Func, opts *
 	ctx, c := l.tel.begin(ctx, "DoTx", in.Scope)
 	defer func() {
 		c.end(doOutcome(res, err), err)
-		err = l.r.Name(in.Scope.Tenant, err)
+		err = l.named(in.Scope.Tenant, err)
 	}()
 	o := doOpts(opts)
 	if err := l.precheck(ctx, in, fn, o); err != nil {
@@ -188,12 +187,12 @@ func (l *Ledger) precheck(ctx context.Context, in Intent, fn Func, o DoOpts) err
 		return err
 	}
 	if fn == nil {
-		return ErrNilFunc
+		return errNilFunc
 	}
 	if o.Retention < 0 {
 		return errors.New("oncekit/ledger: DoOpts.Retention must not be negative")
 	}
-	if o.Mode < ModeDefault || o.Mode > ModeOptimistic {
+	if o.Mode < ModeClaimWithFirstStatement || o.Mode > ModeOptimistic {
 		return fmt.Errorf("oncekit/ledger: DoOpts.Mode %d is not a Mode: use one of the Mode constants", int(o.Mode))
 	}
 	return ctx.Err()
@@ -283,7 +282,7 @@ func (a *attempt) decide(res Result, err error) error {
 }
 
 // settle decides the call by the key's current record. With wait set, a pending
-// external-mode record is waited for, polling, within the call's wait.
+// record of Claim is waited for, polling, within the call's wait.
 func (a *attempt) settle(ctx context.Context, wait bool) (Result, freedom, error) {
 	return a.settleExpired(ctx, wait, false)
 }
@@ -312,7 +311,7 @@ func (a *attempt) onRefused(ctx context.Context) (*pipetx.Resume, error) {
 	case notFree:
 		return nil, a.decide(res, err)
 	case freeLeaseExpired:
-		// A lapsed external-mode claim: only Claim may take it over.
+		// A lapsed claim of Claim: only Claim may take it over.
 		return nil, a.decide(Result{}, a.inProgress())
 	}
 	// No live record, so an attempt in flight holds the key's lock: wait for it.
@@ -460,6 +459,9 @@ func (a *attempt) execute(ctx context.Context, fn Func, retention time.Duration)
 	return Result{Response: resp, Attempts: 1, CreatedAt: created}, nil
 }
 
+// errNilFunc is a programmer's mistake, which no caller acts on at run time.
+var errNilFunc = errors.New("oncekit/ledger: nil function: pass the mutation to run")
+
 // unstored hides a definitive failure that was not stored behind an error that is not
 // one, so that errors.As finds no DefinitiveError in the call's answer: a caller that
 // finds one rightly takes the failure as recorded. Only the failure's text is kept.
@@ -516,7 +518,7 @@ func (a *attempt) afterConflict(ctx context.Context, cause error) (Result, error
 		return Result{}, fmt.Errorf("oncekit/ledger: store result of %s in %s: %w", quoteKey(a.in.Key), a.in.Scope, cause)
 	}
 	// The record that met this one is gone again (released, evicted), or is an
-	// external-mode claim whose lease ran out.
+	// claim of Claim whose lease ran out.
 	return Result{}, a.inProgress()
 }
 
@@ -537,10 +539,10 @@ type freedom int
 const (
 	notFree          freedom = iota // the record decided the call
 	freeAbsent                      // no record, or an expired one
-	freeLeaseExpired                // a pending external-mode record whose lease ran out
+	freeLeaseExpired                // a pending record of Claim whose lease ran out
 )
 
-// A call waiting for another attempt's external-mode claim reads the record again
+// A call waiting for another attempt's claim of Claim reads the record again
 // after pollFirst, doubling up to pollMax.
 const (
 	pollFirst = 5 * time.Millisecond
@@ -576,7 +578,7 @@ func (l *Ledger) settleQ(ctx context.Context, q querier, in Intent, wait time.Du
 		case StateFailed:
 			return rec.result(true), notFree, rec.storedError(true)
 		}
-		// Pending in the external-effect mode: someone holds a lease.
+		// Pending by Claim: someone holds a lease.
 		if rec.LeaseExpired {
 			return Result{}, freeLeaseExpired, nil
 		}

@@ -46,7 +46,7 @@ var histChecks = []string{
 var histModes = []string{"Default", "ClaimWithFirstStatement", "ClaimFirst", "LookUpFirst", "Optimistic"}
 
 func histDoOpts(mode string, wait time.Duration) *ledger.DoOpts {
-	m := map[string]ledger.Mode{"Default": ledger.ModeDefault, "ClaimWithFirstStatement": ledger.ModeClaimWithFirstStatement,
+	m := map[string]ledger.Mode{"Default": 0, "ClaimWithFirstStatement": ledger.ModeClaimWithFirstStatement,
 		"ClaimFirst": ledger.ModeClaimFirst, "LookUpFirst": ledger.ModeLookUpFirst, "Optimistic": ledger.ModeOptimistic}[mode]
 	return &ledger.DoOpts{Wait: wait, Mode: m}
 }

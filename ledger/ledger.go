@@ -134,15 +134,6 @@ func newLedger(r *shard.Router, cfg *Config) (*Ledger, error) {
 	return l, nil
 }
 
-// Pool returns the pool the ledger runs on, or nil for a ledger on several shards
-// ([NewSharded]), whose pools [Ledger.Router] gives.
-func (l *Ledger) Pool() *pgxpool.Pool {
-	if s := l.r.Shards(); len(s) == 1 {
-		return s[0].Pool
-	}
-	return nil
-}
-
 // Schema returns the schema the ledger's table lives in.
 func (l *Ledger) Schema() string { return l.cfg.Schema }
 
@@ -156,7 +147,7 @@ func (l *Ledger) retention(op string, override time.Duration) time.Duration {
 	return l.cfg.Retention
 }
 
-// recordedAt is the time a local-mode record is written with: the stubbed time, or the
+// recordedAt is the time a record of Do is written with: the stubbed time, or the
 // process's clock, to the microsecond PostgreSQL keeps. The record's expiry is reckoned
 // from it, but never from before the database's clock at the transaction's start.
 func (l *Ledger) recordedAt() time.Time {
@@ -204,7 +195,7 @@ func (l *Ledger) Get(ctx context.Context, scope keys.Scope, key keys.Key) (*Reco
 	}
 	rec, err := l.get(ctx, pool, scope, key)
 	if err != nil && !errors.Is(err, ErrNotFound) {
-		err = l.r.Name(scope.Tenant, err)
+		err = l.named(scope.Tenant, err)
 	}
 	return rec, err
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/oncekit/oncekit/internal/pipetx"
 )
 
-// localTx is the transaction a local-mode execution runs in: the ledger's own
+// localTx is the transaction a call of Do or DoTx runs in: the ledger's own
 // ([ownTx]) or the caller's ([callerTx]). Its protocol, per attempt:
 //
 //	begin:  nothing is sent; fn gets a pipeTx
@@ -122,12 +122,7 @@ func (o *ownTx) q() querier {
 	return o.conn
 }
 
-func (o *ownTx) mode(m Mode) Mode {
-	if m == ModeDefault {
-		return ModeClaimWithFirstStatement
-	}
-	return m
-}
+func (o *ownTx) mode(m Mode) Mode { return m }
 
 // claim is the claim statement of mode: one that answers before fn runs (claimCheck),
 // or one that refuses by failing so that PostgreSQL skips what travels behind it.
@@ -229,7 +224,7 @@ func (c *callerTx) q() querier { return c.outer }
 // attempt would find a concurrent one only at its INSERT, and wait there as long as
 // that attempt's transaction, the caller's, lasts.
 func (c *callerTx) mode(m Mode) Mode {
-	if m == ModeDefault || m == ModeOptimistic {
+	if m == ModeOptimistic {
 		return ModeClaimWithFirstStatement
 	}
 	return m

@@ -185,42 +185,6 @@ func (l *Ledger) statsOn(ctx context.Context, pool *pgxpool.Pool, s *Stats) erro
 	return nil
 }
 
-// ForceRelease deletes the pending record of key in scope, whoever owns it, so that the
-// next attempt starts afresh: for a key stuck in progress whose owner is known to be
-// gone. A call that may have reached a provider is then made again under a new claim;
-// the provider deduplicates it only by the same downstream key, which the key keeps.
-// It reports whether a pending record was deleted. It keeps no audit row and does not
-// look at the lease: operators use [Ledger.Change], which does both.
-func (l *Ledger) ForceRelease(ctx context.Context, scope keys.Scope, key keys.Key) (bool, error) {
-	return l.operate(ctx, l.q.forceRelease, scope, key)
-}
-
-// Evict deletes the completed or failed record of key in scope, so that the next request
-// with the key runs again instead of replaying: for a stored result known to be wrong. It
-// reports whether a record was deleted. It keeps no audit row: operators use
-// [Ledger.Change], which does.
-func (l *Ledger) Evict(ctx context.Context, scope keys.Scope, key keys.Key) (bool, error) {
-	return l.operate(ctx, l.q.evict, scope, key)
-}
-
-func (l *Ledger) operate(ctx context.Context, sql string, scope keys.Scope, key keys.Key) (bool, error) {
-	if err := scope.Validate(); err != nil {
-		return false, err
-	}
-	if err := key.ValidateLen(l.cfg.MaxKeyLen); err != nil {
-		return false, err
-	}
-	pool, err := l.r.Pool(scope.Tenant)
-	if err != nil {
-		return false, err
-	}
-	tag, err := pool.Exec(ctx, sql, scope.Tenant, scope.Operation, string(key))
-	if err != nil {
-		return false, fmt.Errorf("oncekit/ledger: %s in %s: %w", quoteKey(key), scope, err)
-	}
-	return tag.RowsAffected() == 1, nil
-}
-
 // Action is an operator's change to a record, kept in its audit row.
 type Action string
 

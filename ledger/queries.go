@@ -27,7 +27,7 @@ type querier interface {
 // timestamptz: NULL means the database's now().
 type queries struct {
 	lookup string
-	// The local mode claims with claimLocal, which fails with division_by_zero when the
+	// Do claims with claimLocal, which fails with division_by_zero when the
 	// key is taken, or claimCheck, which answers; in a caller's transaction claimProbe
 	// follows the claim, for records its snapshot cannot see.
 	claimLocal string
@@ -38,11 +38,11 @@ type queries struct {
 	waitLock string
 	// ClaimTx bounds its claim's wait with lock_timeout, on the node the claim runs on.
 	keepLockTimeout, restoreLockTimeout string
-	// The local mode inserts its record, with the result, just before it commits,
+	// Do inserts its record, with the result, just before it commits,
 	// replacing an expired record of the key.
 	insertCompleted string
 	insertFailed    string
-	// The external mode claims, then finishes the record under the owner token.
+	// Claim claims, then finishes the record under the owner token.
 	claim     string
 	complete  string
 	fail      string
@@ -52,9 +52,9 @@ type queries struct {
 	purge     pgsql.Purge
 	// Operators read and change records whatever their owner; their changes keep audit
 	// rows. pending counts pending records for the gauge.
-	list, stats, forceRelease, evict string
-	changeLock, changeDelete, audit  string
-	pending                          string
+	list, stats                     string
+	changeLock, changeDelete, audit string
+	pending                         string
 }
 
 // statements are the ledger's SQL, one whole statement per file, each listing its
@@ -93,8 +93,6 @@ func newQueries(schema string) queries {
 		purge:              pgsql.Purge{Table: t, Local: load("purge"), ByKey: load("purge_by_key")},
 		list:               load("list"),
 		stats:              load("stats"),
-		forceRelease:       load("force_release"),
-		evict:              load("evict"),
 		changeLock:         load("change_lock"),
 		changeDelete:       load("change_delete"),
 		audit:              load("audit"),

@@ -39,19 +39,19 @@ func (o *Outbox) Shard(name string) (*Outbox, error) {
 	return nil, fmt.Errorf("oncekit/outbox: no shard named %q", name)
 }
 
-// each runs fn on the outbox of every shard (o itself when it has one), and joins the
-// errors, each naming its shard.
+// each runs fn on the outbox of every shard (o itself when it has one) through the
+// router's Each, which runs them all and names each shard that failed.
 func (o *Outbox) each(fn func(v *Outbox) error) error {
 	if o.shards == nil {
 		return fn(o)
 	}
-	var errs []error
-	for _, v := range o.shards {
-		if err := fn(v); err != nil {
-			errs = append(errs, fmt.Errorf("shard %q: %w", v.name, err))
+	return o.r.Each(func(s shard.Shard) error {
+		v, err := o.Shard(s.Name)
+		if err != nil {
+			return err
 		}
-	}
-	return errors.Join(errs...)
+		return fn(v)
+	})
 }
 
 // oldestDead gathers what list finds on every shard and keeps the limit oldest.

@@ -1,6 +1,6 @@
 // Package pipetx is a pgx.Tx that sends nothing until its first statement, and then
 // sends a prefix (BEGIN, a claim, a savepoint) in the same round trip as that statement.
-// The ledger's local mode and the inbox use it to give a guarded transaction the round
+// The ledger's Do and the inbox use it to give a guarded transaction the round
 // trips of the bare one.
 package pipetx
 

@@ -270,7 +270,7 @@ func (e *env) scenarios() []scenario {
 		}},
 		{"replay_claim", e.replayIn(ledger.ModeClaimFirst)},
 		{"replay", e.replayIn(ledger.ModeLookUpFirst)},
-		{"replay_default", e.replayIn(ledger.ModeDefault)},
+		{"replay_default", e.replayIn(ledger.ModeClaimWithFirstStatement)},
 		{"naive", func(ctx context.Context, _ int) error { return e.naive(ctx, uuid.NewString()) }},
 		{"probe_savepoint", e.probe("probe_savepoint")},
 		{"probe_lock", e.probe("probe_lock")},
