@@ -10,7 +10,6 @@ import (
 	"go.temporal.io/sdk/interceptor"
 	ttestsuite "go.temporal.io/sdk/testsuite"
 	tworker "go.temporal.io/sdk/worker"
-	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"
 	"github.com/oncekit/oncekit/devenv"
@@ -70,7 +69,6 @@ func NewWorkflowEnvironment(opts *EnvConfig) *ttestsuite.TestWorkflowEnvironment
 	}
 	ics = append(ics, worker.Interceptor(o.Ledger, o.Tenant))
 	env.SetWorkerOptions(tworker.Options{Interceptors: ics})
-	env.SetContextPropagators([]workflow.ContextPropagator{worker.TenantPropagator()})
 	activity.RegisterSaga(env)
 	return env
 }

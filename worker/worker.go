@@ -36,8 +36,8 @@ type Config struct {
 
 // NewPlugin returns oncekit's Temporal plugin. Put it in client.Options.Plugins, and
 // every worker created from that client gets it too (or put it in a worker's
-// Options.Plugins alone). It adds the tenant propagator to the client ([TenantPropagator])
-// and, on each worker, the interceptor that hands activities the ledger and their
+// Options.Plugins alone). It adds [ClientInterceptor] to the client, which carries the
+// tenant to the workflows it starts, and, on each worker, the interceptor that hands activities the ledger and their
 // tenant ([Interceptor]) and the activities package saga records outcomes with
 // (activity.RegisterSaga).
 func NewPlugin(cfg Config) (*temporal.SimplePlugin, error) {
@@ -53,7 +53,7 @@ func NewPlugin(cfg Config) (*temporal.SimplePlugin, error) {
 	}
 	return temporal.NewSimplePlugin(temporal.SimplePluginOptions{
 		Name:               PluginName,
-		ContextPropagators: []workflow.ContextPropagator{TenantPropagator()},
+		ClientInterceptors: []interceptor.ClientInterceptor{ClientInterceptor()},
 		WorkerInterceptors: []interceptor.WorkerInterceptor{Interceptor(cfg.Ledger, tenant)},
 		RunContextBefore: func(_ context.Context, o temporal.SimplePluginRunContextBeforeOptions) error {
 			if !o.WorkflowReplayer {
@@ -94,7 +94,7 @@ func (a *activityInterceptor) ExecuteActivity(ctx context.Context, in *intercept
 	// oncekit's propagator.
 	if h := interceptor.Header(ctx); h != nil {
 		var err error
-		if ctx, err = (propagator{}).Extract(ctx, mapHeader(h)); err != nil {
+		if ctx, err = extractToActivity(ctx, mapHeader(h)); err != nil {
 			return nil, err
 		}
 	}
@@ -105,9 +105,8 @@ func (a *activityInterceptor) ExecuteActivity(ctx context.Context, in *intercept
 	return a.Next.ExecuteActivity(ctx, in)
 }
 
-// The interceptor also carries the tenant, key and step from workflow code to
-// activities itself, so that they arrive when the client was dialled without oncekit's
-// propagator: a plain client.Dial is enough.
+// The interceptor carries the tenant, key and step from workflow code to activities
+// and child workflows in their headers: the one path they travel.
 func (wi *workerInterceptor) InterceptWorkflow(ctx workflow.Context, next interceptor.WorkflowInboundInterceptor) interceptor.WorkflowInboundInterceptor {
 	return &workflowInbound{WorkflowInboundInterceptorBase: interceptor.WorkflowInboundInterceptorBase{Next: next}}
 }
@@ -125,7 +124,7 @@ func (w *workflowInbound) ExecuteWorkflow(ctx workflow.Context, in *interceptor.
 	if _, ok := keys.TenantFrom(ctx); !ok {
 		if h := interceptor.WorkflowHeader(ctx); h != nil {
 			var err error
-			if ctx, err = (propagator{}).ExtractToWorkflow(ctx, mapHeader(h)); err != nil {
+			if ctx, err = extractToWorkflow(ctx, mapHeader(h)); err != nil {
 				return nil, err
 			}
 		}
@@ -144,9 +143,8 @@ type workflowOutbound struct {
 
 func inject(ctx workflow.Context) {
 	if h := interceptor.WorkflowHeader(ctx); h != nil {
-		// Encoding a string or a keys.Step cannot fail; the propagator, when installed,
-		// writes the same values again.
-		_ = (propagator{}).InjectFromWorkflow(ctx, mapHeader(h))
+		// Encoding a string or a keys.Step cannot fail.
+		_ = injectFromWorkflow(ctx, mapHeader(h))
 	}
 }
 
@@ -161,6 +159,25 @@ func (w *workflowOutbound) ExecuteActivity(ctx workflow.Context, activityType st
 	}
 	inject(ctx)
 	return w.Next.ExecuteActivity(ctx, activityType, args...)
+}
+
+// NewContinueAsNewError carries the tenant, alone, to the workflow's next run.
+func (w *workflowOutbound) NewContinueAsNewError(ctx workflow.Context, wfn any, args ...any) error {
+	injectTenantToNextRun(ctx)
+	return w.Next.NewContinueAsNewError(ctx, wfn, args...)
+}
+
+// NewContinueAsNewErrorWithOptions is NewContinueAsNewError with options.
+func (w *workflowOutbound) NewContinueAsNewErrorWithOptions(ctx workflow.Context, opts workflow.ContinueAsNewErrorOptions, wfn any, args ...any) error {
+	injectTenantToNextRun(ctx)
+	return w.Next.NewContinueAsNewErrorWithOptions(ctx, opts, wfn, args...)
+}
+
+func injectTenantToNextRun(ctx workflow.Context) {
+	t, ok := keys.TenantFrom(ctx)
+	if h := interceptor.WorkflowHeader(ctx); h != nil && ok {
+		_ = writeHeader(mapHeader(h), TenantHeader, t) // encoding a string cannot fail
+	}
 }
 
 func (w *workflowOutbound) ExecuteLocalActivity(ctx workflow.Context, activityType string, args ...any) workflow.Future {
