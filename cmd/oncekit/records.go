@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -122,7 +123,9 @@ func (a *app) inspectCommand() *cobra.Command {
 	var showBody bool
 	var purpose string
 	cmd := &cobra.Command{
-		Use:   "inspect TENANT OPERATION KEY",
+		Use: "inspect TENANT OPERATION KEY",
+		Example: `  oncekit inspect shop payments.charge 'v1:run:0196f3c2-7d4e-7a1b-9c55-2f0e8b6d1a44:5'
+  oncekit inspect shop orders.create order-17 --show-body`,
 		Short: "Show one record, its downstream key and its audit rows",
 		Long: `inspect shows the record of KEY in TENANT's OPERATION: its state (marked when it expired,
 and, for a pending record, its owner and the time its lease has left or ran out since),
@@ -422,7 +425,11 @@ func decodeCursor(s string) (*ledger.Record, error) {
 func (a *app) listCommand() *cobra.Command {
 	var f filters
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  oncekit list --stuck
+  oncekit list --run-id 0196f3c2-7d4e-7a1b-9c55-2f0e8b6d1a44
+  oncekit list --tenant shop --operation payments.charge --since 2h
+  oncekit list --key-prefix order- --limit 20 --json`,
 		Short: "List records, newest first, found by tenant, operation, state, time, key or Temporal IDs",
 		Long: `list shows records newest first. Filters combine. Activity keys are made of Temporal
 identities (run ID and activity ID by default, workflow ID and activity ID when
@@ -442,6 +449,41 @@ type listView struct {
 	Records    []recordView `json:"records"`
 	More       bool         `json:"more"`
 	NextCursor *string      `json:"next_cursor"`
+	// Hint says what a lookup by workflow ID cannot find, and how to find it.
+	Hint string `json:"hint,omitempty"`
+}
+
+// workflowHint says, for a lookup by --workflow-id alone, that default activity keys
+// hold the run ID and not the workflow ID, and names the runs that the sagas' default
+// keys among recs hold; "" for any other lookup.
+func workflowHint(id identity, recs []ledger.Record) string {
+	if id.workflowID == "" || id.runID != "" {
+		return ""
+	}
+	hint := fmt.Sprintf("--workflow-id finds workflow-scoped activity keys and sagas' default keys only: default activity keys hold the run ID instead, not the workflow ID; look the workflow's runs up (temporal workflow list -q 'WorkflowId=%q') and find their records with --run-id RUN-ID", id.workflowID)
+	var runs []string
+	for _, r := range recs {
+		if wf, run, ok := sagaKey(r.Key); ok && wf == id.workflowID && !slices.Contains(runs, run) {
+			runs = append(runs, run)
+		}
+	}
+	for _, run := range runs {
+		hint += fmt.Sprintf("; the saga of workflow %q started in run %q: oncekit list --run-id %s", id.workflowID, run, run)
+	}
+	return hint
+}
+
+// sagaKey reads a saga's default key (keys.Business("saga", workflow ID, run ID)).
+func sagaKey(k keys.Key) (workflowID, runID string, ok bool) {
+	rest, ok := strings.CutPrefix(string(k), "v1:biz:saga:")
+	if !ok {
+		return "", "", false
+	}
+	parts := strings.Split(rest, ":")
+	if len(parts) != 2 {
+		return "", "", false
+	}
+	return unescapePart(parts[0]), unescapePart(parts[1]), true
 }
 
 func (a *app) list(f *filters) error {
@@ -472,6 +514,7 @@ func (a *app) list(f *filters) error {
 	for _, r := range recs {
 		lv.Records = append(lv.Records, view(r, false))
 	}
+	lv.Hint = workflowHint(f.id, recs)
 	err = a.emit(lv, func(w *tabwriter.Writer) {
 		fmt.Fprintln(w, "TENANT\tOPERATION\tKEY\tSTATE\tATTEMPTS\tCREATED")
 		for _, v := range lv.Records {
@@ -491,13 +534,16 @@ func (a *app) list(f *filters) error {
 	if err == nil && lv.More && !a.json {
 		fmt.Fprintf(a.errOut, "oncekit: more records match: add --after %s for the next page\n", *lv.NextCursor)
 	}
+	if err == nil && lv.Hint != "" && !a.json {
+		fmt.Fprintf(a.errOut, "oncekit: note: %s\n", lv.Hint)
+	}
 	return err
 }
 
 func (a *app) changeCommand(action ledger.Action) *cobra.Command {
 	var f filters
 	var reason, who string
-	var yes, force bool
+	var yes, force, dryRun bool
 	cmd := &cobra.Command{
 		Use: string(action) + " [TENANT OPERATION KEY]",
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -510,7 +556,7 @@ func (a *app) changeCommand(action ledger.Action) *cobra.Command {
 			if who == "" {
 				who = actor()
 			}
-			c := change{action: action, reason: reason, actor: who, yes: yes, force: force}
+			c := change{action: action, reason: reason, actor: who, yes: yes, force: force, dryRun: dryRun}
 			if len(args) == 3 {
 				if f.any() {
 					return usageError{"give TENANT OPERATION KEY or filters, not both"}
@@ -520,6 +566,7 @@ func (a *app) changeCommand(action ledger.Action) *cobra.Command {
 			if !f.any() {
 				return usageError{fmt.Sprintf("%s needs TENANT OPERATION KEY, or filters that choose records (--tenant, --operation, --older-than, ...)", action)}
 			}
+			c.id = f.id
 			return a.changeMany(c, &f)
 		}),
 	}
@@ -534,6 +581,10 @@ whose lease is live is refused unless --force: its attempt may still be running.
 filters instead of TENANT OPERATION KEY it releases every pending record they choose
 whose lease ran out (with --force, live ones too), after the same dry run. Each release
 keeps an audit row, with --reason, that inspect shows.`
+		cmd.Example = `  oncekit release shop payments.charge 'v1:run:0196f3c2-7d4e-7a1b-9c55-2f0e8b6d1a44:5'
+  oncekit release shop payments.charge 'v1:run:0196f3c2-7d4e-7a1b-9c55-2f0e8b6d1a44:5' -y --reason 'INC-311: worker host lost'
+  oncekit release --stuck --tenant shop --older-than 1h
+  oncekit release --stuck --tenant shop --older-than 1h -y --reason 'INC-311: worker host lost'`
 		cmd.Flags().BoolVar(&force, "force", false, "release a record whose lease is live: only when its owner is known to be gone")
 	} else {
 		cmd.Short = "Delete a completed or failed record, so the next request with its key runs again"
@@ -544,20 +595,25 @@ Without --yes it shows the record and changes nothing. With filters instead of T
 OPERATION KEY it evicts every completed or failed record they choose (--state narrows to
 one), after the same dry run. Each eviction keeps an audit row, with --reason, that
 inspect shows.`
+		cmd.Example = `  oncekit evict shop orders.create order-17
+  oncekit evict shop orders.create order-17 -y --reason 'INC-312: a wrong price was stored'
+  oncekit evict --tenant shop --operation orders.create --state failed --since 2h --dry-run`
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&reason, "reason", "", "why, such as the incident's reference; required with --yes, kept in the audit row")
 	fl.StringVar(&who, "actor", "", "who makes the change, kept in the audit row (default: the OS user and host, such as alice@bastion)")
 	fl.BoolVarP(&yes, "yes", "y", false, "make the change; without it, show what would change")
+	fl.BoolVar(&dryRun, "dry-run", false, "show what would change and change nothing, as without --yes, and exit 0")
 	f.register(fl, false)
 	return cmd
 }
 
 // change is a release or eviction as the command line asks it.
 type change struct {
-	action        ledger.Action
-	reason, actor string
-	yes, force    bool
+	action             ledger.Action
+	reason, actor      string
+	yes, force, dryRun bool
+	id                 identity // the Temporal IDs of the filters, for a hint
 }
 
 // planView is what release and evict print: what they would change, or did.
@@ -579,6 +635,9 @@ type refusal struct {
 }
 
 func (c change) check() error {
+	if c.yes && c.dryRun {
+		return usageError{"--yes and --dry-run contradict each other: give one"}
+	}
 	if c.yes && c.reason == "" {
 		return usageError{fmt.Sprintf("%s --yes needs --reason: say why, such as the incident's reference; it is kept in the audit row", c.action)}
 	}
@@ -607,7 +666,7 @@ func (a *app) changeOne(c change, scope keys.Scope, key keys.Key) error {
 		return err
 	}
 	if (r.State == ledger.StatePending) != (c.action == ledger.ActionRelease) {
-		return exitError{exitNotFound, strings.TrimPrefix((&ledger.WrongStateError{Scope: scope, Key: key, Action: c.action, State: r.State}).Error(), "oncekit/ledger: ")}
+		return exitError{exitWrongState, strings.TrimPrefix((&ledger.WrongStateError{Scope: scope, Key: key, Action: c.action, State: r.State}).Error(), "oncekit/ledger: ")}
 	}
 	return a.apply(l, c, []ledger.Record{*r}, false)
 }
@@ -698,13 +757,27 @@ func (a *app) apply(l *ledger.Ledger, c change, recs []ledger.Record, more bool)
 	}
 	switch {
 	case len(pv.Records) == 0:
-		return exitError{exitNotFound, fmt.Sprintf("no record to %s matches", c.action)}
+		msg := fmt.Sprintf("no record to %s matches", c.action)
+		if hint := workflowHint(c.id, nil); hint != "" {
+			msg += " (" + hint + ")"
+		}
+		return exitError{exitNotFound, msg}
+	case c.dryRun:
+		return nil // asked for: the plan is the answer
 	case !c.yes && len(targets) > 0:
-		return exitError{exitRefused, fmt.Sprintf("nothing changed: run again with --yes (-y) and --reason to %s %s", c.action, plural(len(targets), "record"))}
+		return exitError{exitRefused, fmt.Sprintf("nothing changed: run again with %s to %s %s", missingToAct(c.reason != ""), c.action, plural(len(targets), "record"))}
 	case len(pv.Refused) > 0:
 		return exitError{exitRefused, fmt.Sprintf("%s refused; see above", plural(len(pv.Refused), "record"))}
 	}
 	return nil
+}
+
+// missingToAct names what a dry run lacks to act: --yes, and --reason unless given.
+func missingToAct(hasReason bool) string {
+	if hasReason {
+		return "--yes (-y)"
+	}
+	return "--yes (-y) and --reason"
 }
 
 func plural(n int, what string) string {
