@@ -460,7 +460,7 @@ func workflowHint(id identity, recs []ledger.Record) string {
 	if id.workflowID == "" || id.runID != "" {
 		return ""
 	}
-	hint := fmt.Sprintf("--workflow-id finds workflow-scoped activity keys and sagas' default keys only: default activity keys hold the run ID instead, not the workflow ID; look the workflow's runs up (temporal workflow list -q 'WorkflowId=%q') and find their records with --run-id RUN-ID", id.workflowID)
+	hint := fmt.Sprintf("--workflow-id finds workflow-scoped keys and sagas' default keys only; default activity keys hold the run ID, not the workflow ID: find the workflow's runs (temporal workflow list -q 'WorkflowId=%q') and use --run-id", id.workflowID)
 	var runs []string
 	for _, r := range recs {
 		if wf, run, ok := sagaKey(r.Key); ok && wf == id.workflowID && !slices.Contains(runs, run) {
@@ -468,7 +468,7 @@ func workflowHint(id identity, recs []ledger.Record) string {
 		}
 	}
 	for _, run := range runs {
-		hint += fmt.Sprintf("; the saga of workflow %q started in run %q: oncekit list --run-id %s", id.workflowID, run, run)
+		hint += fmt.Sprintf(". The saga of workflow %q started in run %s: oncekit list --run-id %s", id.workflowID, run, run)
 	}
 	return hint
 }
