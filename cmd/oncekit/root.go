@@ -360,29 +360,6 @@ func actor() string {
 	return name
 }
 
-// ago says how long ago t was, or how long until it is, to the second.
-func ago(t, now time.Time) string {
-	d := now.Sub(t).Round(time.Second)
-	if d < 0 {
-		return "in " + (-d).String()
-	}
-	return d.String() + " ago"
-}
-
-func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339) }
-
-// shortDuration writes d without its zero minutes and seconds: 168h, not 168h0m0s.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}
-
 // completionExamples gives cobra's completion commands their examples.
 func completionExamples(root *cobra.Command) {
 	root.InitDefaultCompletionCmd()
