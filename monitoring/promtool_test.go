@@ -71,7 +71,11 @@ func TestPromtoolRules(t *testing.T) {
 			exp, _ := at["exp_alerts"].([]any)
 			for _, e := range exp {
 				e := e.(map[string]any)
-				ann := e["exp_annotations"].(map[string]any)
+				ann, _ := e["exp_annotations"].(map[string]any)
+				if ann == nil {
+					ann = map[string]any{}
+					e["exp_annotations"] = ann
+				}
 				if _, ok := ann["description"]; !ok {
 					ann["description"] = descriptions[name]
 				}
