@@ -54,6 +54,7 @@ type queries struct {
 	// rows. pending counts pending records for the gauge.
 	list, stats                     string
 	changeLock, changeDelete, audit string
+	auditList                       string
 	pending                         string
 }
 
@@ -96,6 +97,7 @@ func newQueries(schema string) queries {
 		changeLock:         load("change_lock"),
 		changeDelete:       load("change_delete"),
 		audit:              load("audit"),
+		auditList:          load("audit_list"),
 		pending:            load("pending"),
 	}
 }

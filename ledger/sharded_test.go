@@ -363,3 +363,33 @@ func TestSharded_ListPagesSkipAndRepeatNothing(t *testing.T) {
 		}
 	}
 }
+
+// ListAudit reads every shard's audit rows and merges them newest first; with a tenant
+// it reads the tenant's shard.
+func TestSharded_ListAuditMergesShards(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, sb := setupSharded(t, nil)
+	onA, onB := sb.tenantsOn(t, "a", 1)[0], sb.tenantsOn(t, "b", 1)[0]
+	var ids []int64
+	for _, tenant := range []string{onA, onB, onA} {
+		in := intent(t, tenant, fmt.Sprintf("k-%d", len(ids)), order{Item: "book", Amount: 1})
+		_, err := l.Do(ctx, in, createOrder(tenant, order{Item: "book", Amount: 1}), nil)
+		require.NoError(t, err)
+		e, err := l.Change(ctx, ledger.ActionEvict, in.Scope, in.Key, &ledger.ChangeOpts{Actor: "alice", Reason: "INC-1"})
+		require.NoError(t, err)
+		ids = append(ids, e.ID)
+	}
+	entries, err := l.ListAudit(ctx, nil)
+	require.NoError(t, err)
+	require.Len(t, entries, 3)
+	require.Equal(t, []string{onA, onB, onA}, []string{entries[2].Scope.Tenant, entries[1].Scope.Tenant, entries[0].Scope.Tenant}, "newest first across shards")
+	entries, err = l.ListAudit(ctx, &ledger.AuditOpts{Limit: 2})
+	require.NoError(t, err)
+	require.Len(t, entries, 2)
+	require.Equal(t, onA, entries[0].Scope.Tenant)
+	entries, err = l.ListAudit(ctx, &ledger.AuditOpts{Tenant: onB})
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	require.Equal(t, ids[1], entries[0].ID)
+}

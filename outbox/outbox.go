@@ -79,6 +79,7 @@ type Outbox struct {
 	name    string // the shard's name, on a shard's outbox
 	schema  string
 	t       string
+	audit   string
 	channel string
 	tel     *telemetry
 }
@@ -97,7 +98,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 func newOutbox(r *shard.Router, cfg *Config) (*Outbox, error) {
 	c := config.Of(cfg)
 	schema := config.Or(c.Schema, SchemaDefault)
-	o := &Outbox{schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(), channel: channelName(schema), r: r}
+	o := &Outbox{schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(),
+		audit: pgx.Identifier{schema, "outbox_audit"}.Sanitize(), channel: channelName(schema), r: r}
 	if shards := r.Shards(); len(shards) == 1 {
 		o.pool, o.name = shards[0].Pool, shards[0].Name
 	} else {

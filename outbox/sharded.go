@@ -90,7 +90,23 @@ func (o *Outbox) retryDeadAcross(ctx context.Context, c RetryDeadOpts) ([]uuid.U
 			return nil, fmt.Errorf("oncekit/outbox: retry dead events: %w", err)
 		}
 		if len(found) != len(c.IDs) {
-			return nil, notDead(c.IDs, found, func(id uuid.UUID) uuid.UUID { return id })
+			nd := notDead(c.IDs, found, func(id uuid.UUID) uuid.UUID { return id })
+			var exist []uuid.UUID
+			err := o.each(func(v *Outbox) error {
+				rows, err := v.pool.Query(ctx, `SELECT id FROM `+v.t+` WHERE id = ANY ($1::uuid[])`, c.IDs)
+				if err != nil {
+					return err
+				}
+				ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+				exist = append(exist, ids...)
+				return err
+			})
+			if err != nil {
+				return nil, fmt.Errorf("oncekit/outbox: retry dead events: %w", err)
+			}
+			missing := notDead(c.IDs, exist, func(id uuid.UUID) uuid.UUID { return id })
+			nd.Missing, nd.MissingCount = missing.IDs, missing.Count
+			return nil, nd
 		}
 	}
 	retried := []uuid.UUID{}
