@@ -102,7 +102,25 @@ func (a *activityInterceptor) ExecuteActivity(ctx context.Context, in *intercept
 	if _, ok := keys.TenantFrom(ctx); !ok && a.wi.tenant != "" {
 		ctx = keys.WithTenant(ctx, a.wi.tenant)
 	}
-	return a.Next.ExecuteActivity(ctx, in)
+	res, err := a.Next.ExecuteActivity(ctx, in)
+	return res, definitive(err)
+}
+
+// definitive makes a [ledger.DefinitiveError] (activity.Definitive) returned by any
+// activity, one that did not go through activity.Do or External included, the
+// non-retryable ApplicationError typed by its code that activity.Do makes of it, so
+// that a definitive failure is not retried on one path and final on another. An error
+// that already is an ApplicationError is the activity's own choice and passes as it is.
+func definitive(err error) error {
+	var (
+		app  *temporal.ApplicationError
+		derr *ledger.DefinitiveError
+	)
+	if err == nil || errors.As(err, &app) || !errors.As(err, &derr) {
+		return err
+	}
+	return temporal.NewApplicationErrorWithOptions(err.Error(), derr.Code, temporal.ApplicationErrorOptions{
+		NonRetryable: true, Details: []any{derr.Code, derr.Message, derr.Replayed}})
 }
 
 // The interceptor also carries the tenant, key and step from workflow code to
