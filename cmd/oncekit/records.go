@@ -607,7 +607,7 @@ func (a *app) changeOne(c change, scope keys.Scope, key keys.Key) error {
 		return err
 	}
 	if (r.State == ledger.StatePending) != (c.action == ledger.ActionRelease) {
-		return exitError{exitNotFound, strings.TrimPrefix((&ledger.WrongStateError{Scope: scope, Key: key, Action: c.action, State: r.State}).Error(), "oncekit/ledger: ")}
+		return exitError{exitWrongState, strings.TrimPrefix((&ledger.WrongStateError{Scope: scope, Key: key, Action: c.action, State: r.State}).Error(), "oncekit/ledger: ")}
 	}
 	return a.apply(l, c, []ledger.Record{*r}, false)
 }

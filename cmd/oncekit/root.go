@@ -28,12 +28,17 @@ const (
 	exitNotFound = 3 // no such record or event
 	exitRefused  = 4 // a change shown and not made: --yes (or --force) was not given
 	exitSchema   = 5 // the schema is not oncekit's, lacks a table, or is ahead of this build
+	// exitWrongState: the record exists but is not in a state the change applies to (a
+	// release of a completed or failed record, an eviction of a pending one).
+	exitWrongState = 6
 )
 
 // exitCodes is the exit codes' description, in the root command's help.
 const exitCodes = `Exit codes: 0 done; 1 the database refused or could not be reached; 2 a usage error;
 3 no such record or event; 4 a change shown but not made (add --yes, or --force for a live
-lease); 5 the schema is not migrated, lacks a table, or is newer than this build.`
+lease); 5 the schema is not migrated, lacks a table, or is newer than this build; 6 the
+record is not in a state the change applies to (release takes a pending record, evict a
+completed or failed one).`
 
 // app is one invocation of the command.
 type app struct {
@@ -113,7 +118,7 @@ func (a *app) exit(cmd *cobra.Command, err error) int {
 		fmt.Fprintf(a.errOut, "oncekit: %v\n(%s describes the command and its flags)\n", oneLine(err.Error()), help)
 		return exitUsage
 	case errors.As(err, &ee):
-		fmt.Fprintf(a.errOut, "%s%s\n", prefix, ee.msg)
+		fmt.Fprintf(a.errOut, "%s%s\n", prefix, oneLine(ee.msg))
 		return ee.code
 	}
 	var pgErr *pgconn.PgError

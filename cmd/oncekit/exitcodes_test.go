@@ -1,0 +1,82 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A release of a record that is not pending, or an eviction of one that is, exits 6, not
+// 3: the record exists. A key with no record exits 3.
+func TestExitCodes_WrongState(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.complete(t, "acme", "orders.create", "o-1", `{}`)
+	b.claim(t, "acme", "payments.charge", "c-1", time.Hour)
+
+	r := b.run(t, "release", "acme", "orders.create", "o-1", "-y", "--reason", "INC-1")
+	require.Equal(t, exitWrongState, r.code, r.errOut)
+	require.Contains(t, r.errOut, "is completed")
+	r = b.run(t, "evict", "acme", "payments.charge", "c-1", "-y", "--reason", "INC-1")
+	require.Equal(t, exitWrongState, r.code, r.errOut)
+	require.Contains(t, r.errOut, "is pending")
+	r = b.run(t, "release", "acme", "orders.create", "no-such-key", "-y", "--reason", "INC-1")
+	require.Equal(t, exitNotFound, r.code, r.errOut)
+}
+
+// Every error goes to stderr on one line starting with "oncekit:"; a usage error adds a
+// second line that names the help to read. The refusals a plan explains are on stdout.
+func TestErrors_OneLine(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.complete(t, "acme", "orders.create", "o-1", `{}`)
+	b.claim(t, "acme", "payments.charge", "live", time.Hour)
+	for _, tc := range []struct {
+		args  []string
+		code  int
+		usage bool
+	}{
+		{[]string{"inspect", "acme", "orders.create", "missing"}, exitNotFound, false},
+		{[]string{"release", "acme", "orders.create", "o-1", "-y", "--reason", "x"}, exitWrongState, false},
+		{[]string{"release", "acme", "payments.charge", "live", "-y", "--reason", "x"}, exitRefused, false},
+		{[]string{"evict", "acme", "orders.create", "o-1"}, exitRefused, false},
+		{[]string{"outbox", "inspect", "0196f3c2-7d4e-7a1b-9c55-2f0e8b6d1a44"}, exitNotFound, false},
+		{[]string{"list", "--limit", "0"}, exitUsage, true},
+		{[]string{"no-such-command"}, exitUsage, true},
+	} {
+		r := b.run(t, tc.args...)
+		require.Equal(t, tc.code, r.code, "%v: %s", tc.args, r.errOut)
+		lines := strings.Split(strings.TrimSuffix(r.errOut, "\n"), "\n")
+		require.True(t, strings.HasPrefix(lines[0], "oncekit: "), "%v: %q", tc.args, r.errOut)
+		if tc.usage {
+			require.Len(t, lines, 2, "%v: %q", tc.args, r.errOut)
+			require.Regexp(t, `^\(oncekit( \S+)* --help describes the command and its flags\)$`, lines[1])
+		} else {
+			require.Len(t, lines, 1, "%v: %q", tc.args, r.errOut)
+		}
+	}
+}
+
+// The exit codes the operating guide lists are the ones the command's help lists, which
+// are the ones it returns (the tests above and command_test.go check each code).
+func TestExitCodes_Documented(t *testing.T) {
+	t.Parallel()
+	guide, err := os.ReadFile(filepath.Join("..", "..", "docs", "operating.md"))
+	require.NoError(t, err)
+	m := regexp.MustCompile("(?s)Exit codes: (.*?)\\.\n\n").FindSubmatch(guide)
+	require.NotNil(t, m, "docs/operating.md states no exit codes")
+	norm := func(s string) string { return strings.Join(strings.Fields(strings.ReplaceAll(s, "`", "")), " ") }
+	help := strings.TrimSuffix(strings.TrimPrefix(exitCodes, "Exit codes: "), ".")
+	require.Equal(t, norm(help), norm(string(m[1])), "docs/operating.md and the command's help list different exit codes")
+	var listed []string
+	for _, c := range regexp.MustCompile(`(?:^|; )(\d) `).FindAllStringSubmatch(norm(help), -1) {
+		listed = append(listed, c[1])
+	}
+	require.Equal(t, []string{"0", "1", "2", "3", "4", "5", "6"}, listed, "every exit code, exitOK to exitWrongState, described once")
+	require.Equal(t, 6, exitWrongState)
+}
