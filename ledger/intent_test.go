@@ -2,6 +2,8 @@ package ledger_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -44,6 +46,12 @@ func TestIntent_FingerprintRequired(t *testing.T) {
 				}
 			}
 			require.False(t, ran)
+			if tc.name == "Empty" {
+				// The ledger guide quotes this error: it must be the one Do returns.
+				guide, err := os.ReadFile(filepath.Join("..", "docs", "ledger.md"))
+				require.NoError(t, err)
+				require.Contains(t, string(guide), "\n"+doErr.Error()+"\n", "docs/ledger.md quotes another error")
+			}
 		})
 	}
 }

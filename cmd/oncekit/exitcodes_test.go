@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -79,4 +80,14 @@ func TestExitCodes_Documented(t *testing.T) {
 	}
 	require.Equal(t, []string{"0", "1", "2", "3", "4", "5", "6"}, listed, "every exit code, exitOK to exitWrongState, described once")
 	require.Equal(t, 6, exitWrongState)
+}
+
+// The limits the operating guide states are the command's.
+func TestDocClaims_Command(t *testing.T) {
+	t.Parallel()
+	guide, err := os.ReadFile(filepath.Join("..", "..", "docs", "operating.md"))
+	require.NoError(t, err)
+	m := regexp.MustCompile("`--limit` takes 1 to (\\d+)").FindSubmatch(guide)
+	require.NotNil(t, m, "docs/operating.md no longer states --limit's range")
+	require.Equal(t, strconv.Itoa(maxListLimit), string(m[1]))
 }
