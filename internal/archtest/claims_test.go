@@ -61,9 +61,30 @@ var claims = []claim{
 	{"docs/webhooks.md", "`Config.MaxBodyBytes` \\((\\d+ [KM]iB)\\)", webhook.MaxBodyDefault},
 	{"docs/webhooks.md", "`Config.MaxConcurrentReads` read slots \\((\\d+)\\)", webhook.MaxConcurrentReadsDefault},
 	{"docs/webhooks.md", "\\((\\d+ [KM]iB) by default\\)", webhook.MaxConcurrentReadsDefault * webhook.MaxBodyDefault},
+	// What idempotency.StoreDefault refuses, found by running it.
+	{"docs/http.md", "\\*\\*Not stored\\*\\*: ([^(]+) \\(`idempotency.StoreDefault`\\)", notStored()},
 	// The transcript's migrations, which a new migration file changes.
 	{"docs/operating.md", "migrations  (ledger \\d+, webhook \\d+, inbox \\d+, outbox \\d+)\n", fmt.Sprintf("ledger %d, webhook %d, inbox %d, outbox %d",
 		count(ledger.Migrations()), count(webhook.Migrations()), count(inbox.Migrations()), count(outbox.Migrations()))},
+}
+
+// notStored describes the final statuses idempotency.StoreDefault does not store, as
+// docs/http.md words it: "5xx and 408, 409" when every 5xx and those 4xx are refused.
+func notStored() string {
+	var refused []string
+	all5xx := true
+	for status := 200; status < 600; status++ {
+		switch stored := idempotency.StoreDefault(status); {
+		case status >= 500:
+			all5xx = all5xx && !stored
+		case !stored:
+			refused = append(refused, strconv.Itoa(status))
+		}
+	}
+	if !all5xx {
+		return "some 5xx are stored"
+	}
+	return "5xx and " + strings.Join(refused, ", ")
 }
 
 // count returns the number of SQL files of a migration line.
