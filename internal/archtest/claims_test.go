@@ -61,6 +61,8 @@ var claims = []claim{
 	{"docs/webhooks.md", "`Config.MaxBodyBytes` \\((\\d+ [KM]iB)\\)", webhook.MaxBodyDefault},
 	{"docs/webhooks.md", "`Config.MaxConcurrentReads` read slots \\((\\d+)\\)", webhook.MaxConcurrentReadsDefault},
 	{"docs/webhooks.md", "\\((\\d+ [KM]iB) by default\\)", webhook.MaxConcurrentReadsDefault * webhook.MaxBodyDefault},
+	{"docs/webhooks.md", "`Config.ReadSlotWait` \\(([^)]+)\\)", webhook.ReadSlotWaitDefault},
+	{"docs/webhooks.md", "`Config.BodyReadTimeout` \\(([^)]+)\\)", webhook.BodyReadTimeoutDefault},
 	// What idempotency.StoreDefault refuses, found by running it.
 	{"docs/http.md", "\\*\\*Not stored\\*\\*: ([^(]+) \\(`idempotency.StoreDefault`\\)", notStored()},
 	// The transcript's migrations, which a new migration file changes.
