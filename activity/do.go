@@ -19,6 +19,11 @@ type Func[Req, Resp any] func(ctx context.Context, tx pgx.Tx, call Call, req Req
 // Do runs fn once per activity intent and returns its result; a retried attempt of an
 // activity whose earlier attempt committed gets the stored result and fn does not run.
 // The result is stored as JSON, so a replay decodes to a value equal to the first.
+//
+// Called outside an activity, with a nil fn, or with a result that does not encode as
+// JSON, Do fails with a non-retryable ApplicationError of type policy.ErrTypeInvalid;
+// [Opts] says which options fail the same way. The package documentation lists how the
+// ledger's other outcomes reach the workflow.
 func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *Opts) (Resp, error) {
 	var zero Resp
 	if fn == nil {

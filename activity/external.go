@@ -62,6 +62,10 @@ func NotApplied(err error) error {
 // deadline, and stores the outcome after it. A retry after a crash re-drives the call with
 // the same [Call].DownstreamKey; a retry after completion returns the stored result and
 // does not call.
+//
+// Called outside an activity or with a nil call, External fails with a non-retryable
+// ApplicationError of type policy.ErrTypeInvalid; [Opts] says which options fail the
+// same way.
 func External[Req, Resp any](ctx context.Context, req Req, call CallFunc[Req, Resp], opts *Opts) (Resp, error) {
 	var zero Resp
 	if call == nil {

@@ -341,6 +341,10 @@ type StepRecord struct {
 // registered name or by function. Set Opts.Operation when the step's activity records
 // under another operation (its own Opts.Operation). Opts.Key, Strategy and Wait do not
 // apply.
+//
+// Called from an activity that is not a saga compensation (its context carries no
+// step), StepResult fails with a non-retryable ApplicationError of type
+// policy.ErrTypeInvalid, as it does when the stored result does not decode into out.
 func StepResult(ctx context.Context, out any, opts *Opts) (StepRecord, error) {
 	o := Opts{}
 	if opts != nil {

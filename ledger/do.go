@@ -15,10 +15,26 @@ import (
 	"github.com/oncekit/oncekit/keys"
 )
 
-// Intent identifies one business intent and the payload it was made with.
+// Intent identifies one business intent and the payload it was made with. Every field
+// is required, and the zero Intent is refused: [Ledger.Do], [Ledger.DoTx],
+// [Ledger.Claim] and [Ledger.ClaimTx] check it before any SQL and return a
+// [*keys.ValidationError] whose Field names what is wrong.
 type Intent struct {
-	Scope       keys.Scope
-	Key         keys.Key
+	// Scope is the tenant and the operation the key belongs to, each 1 to
+	// keys.MaxScopeLen bytes of printable ASCII; otherwise a *keys.ValidationError
+	// wrapping keys.ErrEmpty, keys.ErrTooLong or keys.ErrInvalidByte.
+	Scope keys.Scope
+	// Key names the intent within Scope, such as the key keys.Business returns: 1 to
+	// [Config].MaxKeyLen bytes (keys.MaxLenDefault by default) of printable ASCII;
+	// otherwise a *keys.ValidationError with Field "key".
+	Key keys.Key
+	// Fingerprint identifies the request the intent was made with: make it with
+	// keys.FingerprintJSON(req) or keys.FingerprintBytes(body). The same Key with
+	// another Fingerprint is refused with a [*FingerprintMismatchError]. There is no
+	// default, since an empty fingerprint would make every request under a key look the
+	// same: an empty or malformed one is a *keys.ValidationError wrapping
+	// keys.ErrInvalidFingerprint, whose message names Intent.Fingerprint and says how to
+	// make one.
 	Fingerprint keys.Fingerprint
 }
 
@@ -91,7 +107,8 @@ func (m Mode) String() string {
 // all defaults.
 type DoOpts struct {
 	// Mode is how the call claims its key. Defaults to [ModeClaimWithFirstStatement],
-	// the zero Mode.
+	// the zero Mode; a value that is not one of the Mode constants is refused with an
+	// error before any SQL.
 	Mode Mode
 	// Wait bounds how long the call waits for a concurrent attempt with the same key.
 	// When that attempt completes in time its result is replayed; when it fails, this
@@ -101,7 +118,8 @@ type DoOpts struct {
 	// it. Defaults to 0: fail fast, as [NoWait] (any negative value) does.
 	Wait time.Duration
 	// Retention overrides how long this record is kept. Defaults to the operation's
-	// retention from [Config].
+	// retention from [Config] (Config.OperationRetention, then Config.Retention, then
+	// [RetentionDefault]); a negative value is refused with an error before any SQL.
 	Retention time.Duration
 }
 

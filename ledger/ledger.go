@@ -173,7 +173,10 @@ func (l *Ledger) validate(scope keys.Scope, key keys.Key, fp keys.Fingerprint) e
 	if err := key.ValidateLen(l.cfg.MaxKeyLen); err != nil {
 		return err
 	}
-	return fp.Validate()
+	if err := fp.Validate(); err != nil {
+		return fmt.Errorf("oncekit/ledger: Intent.Fingerprint: %w", err)
+	}
+	return nil
 }
 
 func (l *Ledger) checkResponse(resp Response) error {

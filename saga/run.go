@@ -305,7 +305,7 @@ func runUnheld[T any](ctx workflow.Context, s *Saga, fn func(ctx workflow.Contex
 func (s *Saga) beginRequest(ctx workflow.Context) (BeginRequest, error) {
 	fp, err := keys.FingerprintJSON(s.opts.Request)
 	if err != nil {
-		return BeginRequest{}, fmt.Errorf("oncekit/saga: fingerprint Options.Request: %w", err)
+		return BeginRequest{}, fmt.Errorf("oncekit/saga: Opts.Request does not encode as JSON: %w", err)
 	}
 	info := workflow.GetInfo(ctx)
 	// The same workflow run (and a reset of it) presents the same token.

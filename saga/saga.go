@@ -40,7 +40,9 @@ func CompensationOptionsDefault() workflow.ActivityOptions {
 // then takes the saga over.
 const LeaseDefault = 24 * time.Hour
 
-// Opts configure a [Saga]. A nil *Opts means all defaults.
+// Opts configure a [Saga]. A nil *Opts, or the zero Opts, means all defaults. Options
+// no run can use (an invalid Key, a negative Lease, a Request that does not encode as
+// JSON) end [Run] at once, before any step, with an error that names the field.
 type Opts struct {
 	// Key is the saga's key: its outcome is recorded under it and its steps' keys derive
 	// from it. Use the business intent, such as the key keys.Business("transfer",
@@ -48,24 +50,28 @@ type Opts struct {
 	// first one's outcome.
 	// Defaults to a key from the workflow ID and the run's original run ID: stable across
 	// resets and retries of a workflow task, new for each continue-as-new run and each
-	// retry of the whole workflow, so each of those runs its saga afresh.
+	// retry of the whole workflow, so each of those runs its saga afresh. A key that
+	// keys.Key.Validate refuses ends Run with a *keys.ValidationError.
 	Key keys.Key
 	// Request is what the saga was started for, such as the transfer. A later run with
 	// the same key and a different Request is refused with a non-retryable
-	// [policy.ErrTypeKeyReused]. Defaults to nil: the key alone identifies the saga.
+	// [policy.ErrTypeKeyReused]. It is fingerprinted as canonical JSON, so it must
+	// encode with encoding/json. Defaults to nil: the key alone identifies the saga.
 	Request any
 	// Lease is how long a run may go without renewing its claim on the saga's key before
 	// a second run with the same key may take the saga over. A live run renews it before
 	// each step and compensation and every third of the lease, so a long step or
 	// compensation never loses the key; the lease only bounds how long a dead run (its
 	// workflow terminated, or no worker running it) keeps others waiting. Keep it above a
-	// few seconds. Defaults to the workflow's execution timeout, or [LeaseDefault].
+	// few seconds. Defaults to the workflow's execution timeout, or [LeaseDefault]; a
+	// negative Lease ends Run with an error.
 	Lease time.Duration
 	// Parallel runs the compensations all at once instead of in reverse order.
 	// Defaults to false.
 	Parallel bool
-	// CompensationOptions are the compensations' activity options. Defaults to
-	// [CompensationOptionsDefault].
+	// CompensationOptions are the compensations' activity options, used as they are.
+	// Defaults to [CompensationOptionsDefault] (nil): a minute per attempt, retried with
+	// capped backoff for up to policy.CompensationDeadlineDefault.
 	CompensationOptions *workflow.ActivityOptions
 }
 
@@ -157,7 +163,7 @@ func newSaga(ctx workflow.Context, opts *Opts) (*Saga, error) {
 		o.CompensationOptions = &co
 	}
 	if o.Lease < 0 {
-		return nil, errors.New("oncekit/saga: Options.Lease must not be negative")
+		return nil, errors.New("oncekit/saga: Opts.Lease must not be negative: leave it 0 for the default")
 	}
 	if o.Lease == 0 {
 		o.Lease = LeaseDefault

@@ -148,7 +148,7 @@ func (a *app) exit(cmd *cobra.Command, err error) int {
 	case !errors.As(err, &ran), errors.As(err, &usage):
 		code, msg = exitUsage, oneLine(err.Error())
 	case errors.As(err, &ee):
-		code, msg = ee.code, ee.msg
+		code, msg = ee.code, oneLine(ee.msg)
 	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // undefined_table, invalid_schema_name
 		code, msg = exitSchema, fmt.Sprintf("schema %q lacks a table this command reads (%s): run `oncekit migrate`, or name the schema oncekit's tables are in with --schema",
 			a.schema, oneLine(pgErr.Message))

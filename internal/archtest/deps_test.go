@@ -36,6 +36,7 @@ var rules = map[string][]string{
 	"devenv":                {mod + "testsuite", mod + "samples", mod + "ledger"},
 	"samples/payment":       {mod + "samples/transfer", mod + "testsuite"},
 	"samples/transfer":      {mod + "samples/payment", mod + "testsuite"},
+	"samples/quickstart":    {mod + "samples/payment", mod + "samples/transfer", mod + "testsuite", mod + "devenv"}, // the public packages alone
 
 	"samples/transfer/worker": {mod + "samples/payment", mod + "testsuite"},
 	"samples/transfer/start":  {mod + "samples/payment", mod + "testsuite"},
