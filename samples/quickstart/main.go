@@ -4,7 +4,7 @@
 // and its reservation released. Run it again: every step replays, and nothing is written
 // twice.
 //
-//	DATABASE_URL=postgres://... TEMPORAL_ADDRESS=localhost:7233 go run ./samples/quickstart
+//	DATABASE_URL=postgres://... TEMPORAL_ADDRESS=localhost:7233 go run -C samples ./quickstart
 package main
 
 import (

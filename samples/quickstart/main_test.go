@@ -96,7 +96,7 @@ func withDatabase(t *testing.T, s, db string) string {
 }
 
 // readmeOutput returns the output the README shows for the quick start: the lines after
-// its "$ ... go run ./samples/quickstart" line, up to the end of that block.
+// its "$ ... go run -C samples ./quickstart" line, up to the end of that block.
 func readmeOutput(t *testing.T) string {
 	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
 	require.NoError(t, err)
@@ -104,7 +104,7 @@ func readmeOutput(t *testing.T) string {
 	in := false
 	for line := range strings.Lines(string(readme)) {
 		switch {
-		case strings.HasPrefix(line, "$ ") && strings.HasSuffix(line, " go run ./samples/quickstart\n"):
+		case strings.HasPrefix(line, "$ ") && strings.HasSuffix(line, " go run -C samples ./quickstart\n"):
 			in = true
 		case in && line == "```\n":
 			return out.String()
@@ -112,6 +112,6 @@ func readmeOutput(t *testing.T) string {
 			out.WriteString(line)
 		}
 	}
-	t.Fatal("README.md shows no output of go run ./samples/quickstart")
+	t.Fatal("README.md shows no output of go run -C samples ./quickstart")
 	return ""
 }
