@@ -321,7 +321,13 @@ func (l *Ledger) fail(ctx context.Context, q querier, lease *Lease, derr *Defini
 	}
 	var attempts int32
 	var created time.Time
-	err := q.QueryRow(ctx, l.q.fail, l.leaseArgs(lease, derr.Code, derr.Message)...).Scan(&attempts, &created)
+	if derr.Response != nil {
+		if err := l.checkResponse(*derr.Response); err != nil {
+			return err
+		}
+	}
+	code, body := failureResponse(derr)
+	err := q.QueryRow(ctx, l.q.fail, l.leaseArgs(lease, derr.Code, derr.Message, code, body)...).Scan(&attempts, &created)
 	if err != nil {
 		return l.finishErr(ctx, q, lease, err)
 	}

@@ -427,6 +427,14 @@ func (a *attempt) execute(ctx context.Context, fn Func, retention time.Duration)
 	var what string
 	switch {
 	case fnErr != nil && errors.As(fnErr, &derr):
+		if derr.Response != nil {
+			if err := l.checkResponse(*derr.Response); err != nil {
+				if aerr := lt.abort(cleanup, p); aerr != nil {
+					return Result{}, errors.Join(err, aerr)
+				}
+				return Result{}, err
+			}
+		}
 		what = "store failure"
 		a.record = l.failedArgs(in, derr, retention, created, a.now)
 		err = commitFailure(ctx, lt, p, recordBatch(l.q.insertFailed, a.record, lt.end()))

@@ -124,6 +124,10 @@ type DefinitiveError struct {
 	Code string
 	// Message is for people.
 	Message string
+	// Response, when set, is the failure's own answer, stored with it and replayed byte
+	// for byte: an HTTP error's status and body, say. Its Body counts against
+	// [Config].MaxBodyBytes, as a completed record's does. Nil stores none.
+	Response *Response
 	// Replayed is true when the failure was read from the ledger.
 	Replayed bool
 }

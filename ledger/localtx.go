@@ -350,8 +350,18 @@ func setCompleted(args []any, resp Response, at time.Time, now *time.Time) {
 }
 
 func (l *Ledger) failedArgs(in Intent, derr *DefinitiveError, retention time.Duration, at time.Time, now *time.Time) []any {
+	code, body := failureResponse(derr)
 	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), now, string(in.Fingerprint),
-		pgsql.Interval(retention), storableText(derr.Code), storableText(derr.Message), at}
+		pgsql.Interval(retention), storableText(derr.Code), storableText(derr.Message), at, code, body}
+}
+
+// failureResponse is the status and body a definitive failure stores: its Response's,
+// or 0 and none.
+func failureResponse(derr *DefinitiveError) (int, []byte) {
+	if derr.Response == nil {
+		return 0, nil
+	}
+	return derr.Response.Code, derr.Response.Body
 }
 
 // storableText makes s storable as PostgreSQL text: invalid UTF-8 and NUL bytes become

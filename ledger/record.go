@@ -85,5 +85,10 @@ func (r *Record) result(replayed bool) Result {
 
 // storedError returns the definitive failure of a failed record.
 func (r *Record) storedError(replayed bool) *DefinitiveError {
-	return &DefinitiveError{Code: r.ErrorCode, Message: r.ErrorMessage, Replayed: replayed}
+	derr := &DefinitiveError{Code: r.ErrorCode, Message: r.ErrorMessage, Replayed: replayed}
+	if r.Response.Code != 0 || r.Response.Body != nil {
+		resp := r.Response
+		derr.Response = &resp
+	}
+	return derr
 }

@@ -3,6 +3,7 @@ package testsuite
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -78,10 +79,16 @@ func NewWorkflowEnvironment(opts *EnvConfig) *ttestsuite.TestWorkflowEnvironment
 		ics = append(ics, o.Faults.Interceptor())
 	}
 	ics = append(ics, worker.Interceptor(o.Ledger, o.Tenant))
-	env.SetWorkerOptions(tworker.Options{Interceptors: ics})
+	// A workflow task may take 10 s, not the SDK's 1 s, before it is reported as a
+	// deadlock: tests run under the race detector, often on a busy machine.
+	env.SetWorkerOptions(tworker.Options{Interceptors: ics, DeadlockDetectionTimeout: deadlockDetectionTimeout})
 	activity.RegisterSaga(env)
 	return env
 }
+
+// deadlockDetectionTimeout is how long a workflow task of a test environment may run
+// before it is reported as a deadlock.
+const deadlockDetectionTimeout = 10 * time.Second
 
 // Querier runs a query: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
 type Querier interface {
