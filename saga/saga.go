@@ -13,6 +13,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/policy"
 )
@@ -99,14 +100,14 @@ type Saga struct {
 	comps       []compensation
 	compensated *CompensationError
 	status      Status
-	req         BeginRequest
+	req         sagarec.BeginRequest
 	// held is set when the run holds its key through the record activities at each
 	// boundary (every run since the saga's commands were versioned).
 	held bool
 	// ended is the outcome the key holds, once the run finds one it did not record.
-	ended *Recorded
+	ended *sagarec.Recorded
 	// marker is set when the saga began compensating, in this run or an earlier one.
-	marker *Compensating
+	marker *sagarec.Compensating
 	// steps counts the calls of Do, to replay the steps a marker lists.
 	steps int
 }
@@ -238,7 +239,7 @@ func (s *Saga) Do(ctx workflow.Context, step Step, result any) error {
 			}
 		}
 		if m := s.marker; m != nil && (i >= len(m.Steps)-1 || m.Steps[i] != step.Name) {
-			if err := m.cause(); err != nil {
+			if err := causeOf(m); err != nil {
 				return err
 			}
 			return errBeganCompensating
@@ -298,7 +299,7 @@ func withStepOptions(ctx workflow.Context) workflow.Context {
 // error without running anything.
 //
 // Before the first compensation, Compensate records that the saga is compensating (see
-// [ActivityCompensating]); if an earlier run of the saga recorded it first, that run's
+// oncekit.saga.Compensating); if an earlier run of the saga recorded it first, that run's
 // cause is the one reported. Before each compensation it renews the run's claim; a run
 // that finds the saga's outcome recorded (a reset run) runs no more compensations.
 func (s *Saga) Compensate(ctx workflow.Context, cause error) error {
@@ -389,9 +390,9 @@ func (s *Saga) beginCompensating(ctx workflow.Context, cause error) (reported, e
 		return cause, nil
 	}
 	if s.marker != nil {
-		return s.marker.cause(), nil
+		return causeOf(s.marker), nil
 	}
-	mine := Compensating{Steps: slices.Clone(s.status.Steps), Cause: encodeCause(cause)}
+	mine := sagarec.Compensating{Steps: slices.Clone(s.status.Steps), Cause: encodeCause(cause)}
 	if cause != nil {
 		mine.ErrMessage = boundedText(cause.Error())
 	}
@@ -403,9 +404,9 @@ func (s *Saga) beginCompensating(ctx workflow.Context, cause error) (reported, e
 		mine.Steps = []string{}
 	}
 	for range 3 { // the key may be taken over and given back meanwhile
-		var r Recorded
-		err := workflow.ExecuteLocalActivity(localOptions(ctx), ActivityCompensating,
-			CompensatingRequest{BeginRequest: s.req, Compensating: mine}).Get(ctx, &r)
+		var r sagarec.Recorded
+		err := workflow.ExecuteLocalActivity(localOptions(ctx), sagarec.ActivityCompensating,
+			sagarec.CompensatingRequest{BeginRequest: s.req, Compensating: mine}).Get(ctx, &r)
 		if err != nil {
 			return cause, err
 		}
@@ -418,7 +419,7 @@ func (s *Saga) beginCompensating(ctx workflow.Context, cause error) (reported, e
 				return cause, nil
 			}
 			if s.marker != nil {
-				return s.marker.cause(), nil
+				return causeOf(s.marker), nil
 			}
 			continue
 		}
@@ -429,7 +430,7 @@ func (s *Saga) beginCompensating(ctx workflow.Context, cause error) (reported, e
 		if s.marker.ErrMessage == mine.ErrMessage && s.marker.ErrType == mine.ErrType {
 			return cause, nil // this run's record
 		}
-		return s.marker.cause(), nil
+		return causeOf(s.marker), nil
 	}
 	return cause, nil
 }
