@@ -27,6 +27,7 @@ var rules = map[string][]string{
 	"inbox":                 {"go.temporal.io/", mod + "testsuite"},
 	"outbox":                {"go.temporal.io/", mod + "testsuite"},
 	"agent":                 {"go.temporal.io/", mod + "testsuite", mod + "activity", mod + "worker"},
+	"agent/agenttemporal":   {mod + "testsuite", mod + "worker"},
 	"cmd/oncekit":           {"go.temporal.io/", mod + "testsuite", mod + "activity", mod + "worker"}, // its own module, checked from its directory
 	"migrate":               {"go.temporal.io/", mod + "testsuite"},
 	"monitoring":            {"go.temporal.io/", mod + "testsuite"}, // tests alone: the dashboard's and the alerts' check
