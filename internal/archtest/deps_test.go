@@ -47,8 +47,8 @@ func TestDependencyRules(t *testing.T) {
 	t.Parallel()
 	for pkg, forbidden := range rules {
 		cmd := exec.Command("go", "list", "-deps", mod+pkg)
-		if pkg == "cmd/oncekit" {
-			cmd.Dir = filepath.Join("..", "..", "cmd", "oncekit")
+		if pkg == "cmd/oncekit" || pkg == "agent/mcpguard" {
+			cmd.Dir = filepath.Join("..", "..", pkg)
 		}
 		out, err := cmd.Output()
 		if err != nil {
