@@ -59,15 +59,15 @@ type call struct {
 	Args json.RawMessage
 }
 
-// model is the scripted model: deterministic, no network. On a retry of a ticket it
-// words the email otherwise on 10 % of tickets, as a real model may.
+// model is the scripted model: deterministic, no network. Asked again on a retry
+// (attempt > 1), it words the email otherwise one time in ten, as a real model may.
 func model(seed uint64, t ticket, attempt int) []call {
 	var calls []call
 	if t.Kind == "refund" {
 		calls = append(calls, call{"refund", mustJSON(map[string]any{"ticket": t.ID, "amount": t.Amount})})
 	}
 	subject := fmt.Sprintf("About your ticket %d", t.ID)
-	if attempt > 1 && chance(seed, "", t.ID, "change-mind") < 0.10 {
+	if attempt > 1 && chance(seed, "", t.ID, "change-mind-"+strconv.Itoa(attempt)) < 0.10 {
 		subject = fmt.Sprintf("Re: ticket %d, an update", t.ID)
 	}
 	calls = append(calls,
@@ -233,9 +233,12 @@ func (e *env) loop(ctx context.Context, handle func(context.Context, *delivery) 
 // naive handles a delivery as agent samples do: call each tool the model chose, and
 // retry a call that failed.
 func (e *env) naive(ctx context.Context, d *delivery) error {
-	for _, c := range model(e.seed, d.t, d.attempt) {
+	for i, c := range model(e.seed, d.t, d.attempt) {
 		var err error
 		for try := 0; try < 3; try++ {
+			if try > 0 {
+				c = model(e.seed, d.t, d.attempt+try)[i] // the retry asks the model again
+			}
 			if _, err = e.run(ctx, d.t, c, ""); err == nil {
 				break
 			}
@@ -290,6 +293,9 @@ func (a *guarded) handle(ctx context.Context, d *delivery) error {
 		tool.NeedsApproval = c.Tool == "refund" && d.t.Amount >= approvalLimit
 		var res agent.Result
 		for try := 0; ; try++ {
+			if try > 0 {
+				c = model(a.seed, d.t, d.attempt+try)[i] // the retry asks the model again
+			}
 			res, err = task.Call(ctx, strconv.Itoa(i+1), tool, c.Args, func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
 				return a.run(ctx, d.t, c, string(inv.DownstreamKey))
 			}, &agent.CallOpts{Wait: 2 * deliveryLease})
