@@ -69,8 +69,8 @@ test-citus: ## Run the ledger, activity, saga, inbox, outbox, migrate, webhook a
 	ONCEKIT_CITUS=1 $(GO) test $(CITUS_TEST_FLAGS) $(CITUS_PACKAGES)
 
 STRESS ?= 5m
-stress: ## Run the seeded history checkers of the ledger and the outbox for STRESS each (5m); ONCEKIT_SEED=N replays a seed.
-	ONCEKIT_STRESS=$(STRESS) $(GO) test -race -count=1 -p 1 -timeout 3h -run 'History' -v ./ledger ./outbox \
+stress: ## Run the seeded history checkers of the ledger, the outbox and the agent guard for STRESS each (5m); ONCEKIT_SEED=N replays a seed.
+	ONCEKIT_STRESS=$(STRESS) $(GO) test -race -count=1 -p 1 -timeout 3h -run 'History' -v ./ledger ./outbox ./agent \
 		| grep -E '^(=== RUN|--- |PASS|FAIL|ok )|history:|Error|broken|#[0-9]'
 
 temporal-cli: ## Build the Temporal CLI (dev server) into ~/.cache/oncekit once; minutes the first time.
