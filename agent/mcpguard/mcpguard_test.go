@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -34,6 +35,9 @@ type refundOut struct {
 // served over streamable HTTP on loopback, and a client session of the SDK's own client.
 type fixture struct {
 	session *mcp.ClientSession
+	// started and release pace the slow_refund tool: it says it started, then waits.
+	started chan struct{}
+	release chan struct{}
 	pool    *pgxpool.Pool
 	refunds atomic.Int64
 	lookups atomic.Int64
@@ -51,7 +55,7 @@ func setup(t *testing.T, cfg *mcpguard.Config) *fixture {
 	require.NoError(t, err)
 	ag, err := agent.New(l, nil)
 	require.NoError(t, err)
-	f := &fixture{pool: pool}
+	f := &fixture{pool: pool, started: make(chan struct{}, 1), release: make(chan struct{})}
 
 	server := mcp.NewServer(&mcp.Implementation{Name: "payments", Version: "v1"}, nil)
 	refund := &mcp.Tool{Name: "refund", Description: "Refunds a charge.", Annotations: &mcp.ToolAnnotations{DestructiveHint: new(true)}}
@@ -68,8 +72,19 @@ func setup(t *testing.T, cfg *mcpguard.Config) *fixture {
 		f.lookups.Add(1)
 		return nil, refundOut{Refund: "none"}, nil
 	})
+	slow := &mcp.Tool{Name: "slow_refund", Description: "Refunds a charge, slowly."}
+	mcp.AddTool(server, slow, func(ctx context.Context, req *mcp.CallToolRequest, in refundIn) (*mcp.CallToolResult, refundOut, error) {
+		f.started <- struct{}{}
+		<-f.release
+		// The refund goes through even though the client gave up waiting for it.
+		var id int64
+		if err := pool.QueryRow(context.WithoutCancel(ctx), "INSERT INTO refunds (charge, amount) VALUES ($1, $2) RETURNING id", in.Charge, in.Amount).Scan(&id); err != nil {
+			return nil, refundOut{}, err
+		}
+		return nil, refundOut{Refund: "re_" + strconv.FormatInt(id, 10)}, nil
+	})
 	g := mcpguard.New(ag, cfg)
-	g.Declare(refund, lookup)
+	g.Declare(refund, lookup, slow)
 	server.AddReceivingMiddleware(g.Middleware())
 
 	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil))
@@ -173,4 +188,39 @@ func TestGuard_WithoutKey(t *testing.T) {
 		r := f.call(t, "refund", "", refundIn{Charge: "ch_1", Amount: 500})
 		require.True(t, r.IsError, "a destructive tool is guarded whatever the configuration trusts")
 	})
+}
+
+// A client that gave up on a call whose tool went on to act, as when its answer was lost
+// on the way back, retries with the same key and gets the stored
+// result; the refund happened once.
+func TestGuard_LostAnswerReplays(t *testing.T) {
+	t.Parallel()
+	f := setup(t, &mcpguard.Config{Wait: 30 * time.Second})
+	key := mcpguard.KeyFor("ticket-7", "1")
+	ctx, cancel := context.WithCancel(context.Background())
+	lost := make(chan error, 1)
+	go func() {
+		_, err := f.session.CallTool(ctx, &mcp.CallToolParams{Name: "slow_refund", Arguments: refundIn{Charge: "ch_7", Amount: 700},
+			Meta: mcp.Meta{mcpguard.MetaKey: key}})
+		lost <- err
+	}()
+	select {
+	case <-f.started:
+	case <-time.After(time.Minute):
+		t.Fatal("the tool did not start")
+	}
+	cancel()
+	select {
+	case err := <-lost:
+		require.Error(t, err, "the client gave up")
+	case <-time.After(time.Minute):
+		t.Fatal("the client did not give up")
+	}
+	close(f.release)
+
+	again := f.call(t, "slow_refund", key, refundIn{Charge: "ch_7", Amount: 700})
+	require.False(t, again.IsError, text(again))
+	require.Equal(t, true, again.Meta[mcpguard.MetaReplayed])
+	require.Contains(t, text(again), "re_")
+	require.Equal(t, 1, f.count(t))
 }
