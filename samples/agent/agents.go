@@ -171,11 +171,14 @@ type delivery struct {
 	t       ticket
 }
 
-func (e *env) poll(ctx context.Context) (*delivery, error) {
+func (e *env) poll(ctx context.Context) (*delivery, error) { return e.pollFor(ctx, deliveryLease) }
+
+// pollFor takes the next visible delivery and hides it for lease.
+func (e *env) pollFor(ctx context.Context, lease time.Duration) (*delivery, error) {
 	var d delivery
 	err := e.pool.QueryRow(ctx, `UPDATE deliveries SET visible_at = now() + $2::interval, attempts = attempts + 1
 		WHERE id = (SELECT id FROM deliveries WHERE agent = $1 AND visible_at <= now() ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1)
-		RETURNING id, attempts, ticket`, e.name, deliveryLease.String()).Scan(&d.id, &d.attempt, &d.t.ID)
+		RETURNING id, attempts, ticket`, e.name, lease.String()).Scan(&d.id, &d.attempt, &d.t.ID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

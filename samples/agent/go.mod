@@ -8,6 +8,8 @@ require (
 	github.com/emersion/go-smtp v0.26.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/oncekit/oncekit v0.0.0-00010101000000-000000000000
+	go.temporal.io/api v1.64.3
+	go.temporal.io/sdk v1.51.0
 )
 
 require (
@@ -30,8 +32,6 @@ require (
 	go.opentelemetry.io/otel v1.44.0 // indirect
 	go.opentelemetry.io/otel/metric v1.44.0 // indirect
 	go.opentelemetry.io/otel/trace v1.44.0 // indirect
-	go.temporal.io/api v1.64.3 // indirect
-	go.temporal.io/sdk v1.51.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/net v0.58.0 // indirect
 	golang.org/x/sync v0.22.0 // indirect

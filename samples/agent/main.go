@@ -18,11 +18,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.temporal.io/sdk/client"
 
 	"github.com/oncekit/oncekit/agent"
 	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/migrate"
 )
+
+// agents are the demo's agents, each with an inbox of its own: the oncekit polling
+// agent, the naive one, and the oncekit agent on Temporal.
+var agents = []string{oncekitAgent, naiveAgent, temporalAgent}
 
 // demoSchema holds the demo's tables and oncekit's; each run recreates it.
 const demoSchema = "oncekit_agent_demo"
@@ -75,7 +80,7 @@ func main() {
 // until every delivery is handled, and reports.
 func run(ctx context.Context, cfg config, out io.Writer) (*report, error) {
 	start := time.Now()
-	envr, err := devenv.Start(ctx, &devenv.Config{NoTemporal: true})
+	envr, err := devenv.Start(ctx, &devenv.Config{Progress: os.Stderr})
 	if err != nil {
 		return nil, err
 	}
@@ -94,14 +99,20 @@ func run(ctx context.Context, cfg config, out io.Writer) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(out, "Handling %d tickets with 2 agents, %d processes each (%d deliveries each, tickets delivered twice included).\n",
+	fmt.Fprintf(out, "Handling %d tickets with 3 agents, %d processes each (%d deliveries each, tickets delivered twice included).\n",
 		cfg.tickets, cfg.processes, deliveries)
 	fmt.Fprintln(out, "Faults per agent: processes SIGKILLed after tool effects, answers lost after the servers acted, the model rewording on 10 % of retries; refunds of 100 or more need approval.")
 
 	runCtx, cancel := context.WithTimeout(ctx, cfg.timeout)
 	defer cancel()
 	sup := &supervisor{cfg: cfg, env: []string{envDB + "=" + envr.DatabaseURL, envEmail + "=" + srv.email,
-		envRefund + "=" + srv.refund, envSMTP + "=" + srv.smtp, envSeed + "=" + strconv.FormatUint(cfg.seed, 10)}}
+		envRefund + "=" + srv.refund, envSMTP + "=" + srv.smtp, envSeed + "=" + strconv.FormatUint(cfg.seed, 10),
+		envTemporal + "=" + envr.TemporalAddress, envNamespace + "=" + envr.Namespace}}
+	tc, err := client.Dial(client.Options{HostPort: envr.TemporalAddress, Namespace: envr.Namespace, Logger: devenv.QuietLogger()})
+	if err != nil {
+		return nil, err
+	}
+	defer tc.Close()
 	l, g, err := operatorGuard(pool)
 	_ = l
 	if err != nil {
@@ -110,11 +121,16 @@ func run(ctx context.Context, cfg config, out io.Writer) (*report, error) {
 	var approvals approvalCount
 	var wg sync.WaitGroup
 	wg.Go(func() { approvals.operate(runCtx, g) })
-	for _, name := range []string{oncekitAgent, naiveAgent} {
+	for _, name := range agents {
 		for i := range cfg.processes {
 			sup.start(runCtx, &wg, name, i)
 		}
 	}
+	wg.Go(func() {
+		if err := dispatch(runCtx, &env{name: temporalAgent, pool: pool, seed: cfg.seed}, tc); err != nil {
+			sup.fail(err)
+		}
+	})
 	err = waitDrained(runCtx, pool)
 	cancel()
 	wg.Wait()
@@ -174,7 +190,7 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 // seed fills both inboxes with the same tickets; one in ten is delivered twice.
 func seed(ctx context.Context, pool *pgxpool.Pool, cfg config) (int, error) {
 	deliveries := 0
-	for _, name := range []string{oncekitAgent, naiveAgent} {
+	for _, name := range agents {
 		deliveries = 0
 		b := &pgx.Batch{}
 		for id := 1; id <= cfg.tickets; id++ {
@@ -283,8 +299,11 @@ func agentMain(role string) error {
 	defer pool.Close()
 	seed, _ := strconv.ParseUint(os.Getenv(envSeed), 10, 64)
 	e := &env{name: role, pool: pool, seed: seed, email: os.Getenv(envEmail), refund: os.Getenv(envRefund), smtp: os.Getenv(envSMTP)}
-	if role == naiveAgent {
+	switch role {
+	case naiveAgent:
 		return e.loop(ctx, e.naive)
+	case temporalAgent:
+		return temporalWorkerMain(ctx, e)
 	}
 	a, err := newGuarded(e)
 	if err != nil {

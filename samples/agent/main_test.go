@@ -21,9 +21,10 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// A short run of the demo: real agent processes SIGKILLed after tool effects, real
-// servers losing answers, tickets delivered twice. The oncekit agent has no duplicate
-// and leaves no ticket unfinished; the naive one, on the same faults, sends duplicates.
+// A short run of the demo: real agent processes and Temporal workers SIGKILLed after
+// tool effects, a real Temporal dev server, real servers losing answers, tickets
+// delivered twice. The oncekit agents, polling and on Temporal, have no duplicate and
+// leave no ticket unfinished; the naive one, on the same faults, sends duplicates.
 func TestDemo_Short(t *testing.T) {
 	var out bytes.Buffer
 	rep, err := run(context.Background(), config{tickets: 30, processes: 2, seed: 1, timeout: 2 * time.Minute}, &out)

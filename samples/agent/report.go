@@ -39,7 +39,7 @@ type report struct {
 
 func collect(ctx context.Context, pool *pgxpool.Pool, cfg config, sup *supervisor, ap *approvalCount) (*report, error) {
 	rep := &report{cols: map[string]*column{}, approved: ap.approved.Load(), rejected: ap.rejected.Load(), failures: sup.failures}
-	for _, name := range []string{oncekitAgent, naiveAgent} {
+	for _, name := range agents {
 		c := &column{tickets: cfg.tickets, kill: sup.killed[name]}
 		q := func(sql string, dest ...any) error { return pool.QueryRow(ctx, sql, name).Scan(dest...) }
 		err := errors.Join(
@@ -59,41 +59,43 @@ func collect(ctx context.Context, pool *pgxpool.Pool, cfg config, sup *superviso
 }
 
 func (r *report) print(out io.Writer) {
-	o, n := r.cols[oncekitAgent], r.cols[naiveAgent]
-	fmt.Fprintf(out, "\n%42s %14s %12s\n", "", "oncekit agent", "naive agent")
-	row := func(label string, a, b any) { fmt.Fprintf(out, "%42s %14v %12v\n", label, a, b) }
-	row("tickets", o.tickets, n.tickets)
-	row("finished", o.finished, n.finished)
-	row("escalated to the operator", o.escalated, n.escalated)
-	row("unfinished", o.unfinished, n.unfinished)
-	row("emails sent (API)", o.emails, n.emails)
-	row("duplicate emails", o.dupEmails, n.dupEmails)
-	row("team messages (SMTP)", o.smtp, n.smtp)
-	row("duplicate SMTP messages", o.dupSMTP, n.dupSMTP)
-	row("refunds", o.refunds, n.refunds)
-	row("duplicate refunds", o.dupRefunds, n.dupRefunds)
-	row("calls refused: the model changed its mind", o.changed, "-")
-	row("uncertain SMTP sends shown to the operator", o.uncertain, "-")
-	row("refunds approved / rejected", fmt.Sprintf("%d / %d", r.approved, r.rejected), "-")
-	row("agent processes SIGKILLed", o.kill, n.kill)
+	o, n, tm := r.cols[oncekitAgent], r.cols[naiveAgent], r.cols[temporalAgent]
+	fmt.Fprintf(out, "\n%42s %14s %12s %18s\n", "", "oncekit agent", "naive agent", "oncekit, Temporal")
+	row := func(label string, a, b, c any) { fmt.Fprintf(out, "%42s %14v %12v %18v\n", label, a, b, c) }
+	row("tickets", o.tickets, n.tickets, tm.tickets)
+	row("finished", o.finished, n.finished, tm.finished)
+	row("escalated to the operator", o.escalated, n.escalated, tm.escalated)
+	row("unfinished", o.unfinished, n.unfinished, tm.unfinished)
+	row("emails sent (API)", o.emails, n.emails, tm.emails)
+	row("duplicate emails", o.dupEmails, n.dupEmails, tm.dupEmails)
+	row("team messages (SMTP)", o.smtp, n.smtp, tm.smtp)
+	row("duplicate SMTP messages", o.dupSMTP, n.dupSMTP, tm.dupSMTP)
+	row("refunds", o.refunds, n.refunds, tm.refunds)
+	row("duplicate refunds", o.dupRefunds, n.dupRefunds, tm.dupRefunds)
+	row("calls refused: the model changed its mind", o.changed, "-", tm.changed)
+	row("uncertain SMTP sends shown to the operator", o.uncertain, "-", tm.uncertain)
+	row("refunds approved / rejected (both oncekit)", fmt.Sprintf("%d / %d", r.approved, r.rejected), "-", "")
+	row("agent processes SIGKILLed", o.kill, n.kill, tm.kill)
 	fmt.Fprintf(out, "\ntook %s\n", r.took.Round(time.Second))
 	if err := r.check(); err != nil {
-		fmt.Fprintln(out, "oncekit agent:", err)
+		fmt.Fprintln(out, "oncekit agents:", err)
 		return
 	}
-	fmt.Fprintln(out, "oncekit agent: every ticket finished or escalated, zero duplicate emails, messages and refunds")
+	fmt.Fprintln(out, "oncekit agents: every ticket finished or escalated, zero duplicate emails, messages and refunds")
 }
 
-// check reports what the oncekit agent got wrong, if anything.
+// check reports what the oncekit agents got wrong, if anything.
 func (r *report) check() error {
-	o := r.cols[oncekitAgent]
 	var errs []error
 	errs = append(errs, r.failures...)
-	if o.dupEmails+o.dupSMTP+o.dupRefunds != 0 {
-		errs = append(errs, fmt.Errorf("%d duplicate emails, %d duplicate SMTP messages, %d duplicate refunds", o.dupEmails, o.dupSMTP, o.dupRefunds))
-	}
-	if o.unfinished != 0 {
-		errs = append(errs, fmt.Errorf("%d tickets neither finished nor escalated", o.unfinished))
+	for _, name := range []string{oncekitAgent, temporalAgent} {
+		o := r.cols[name]
+		if o.dupEmails+o.dupSMTP+o.dupRefunds != 0 {
+			errs = append(errs, fmt.Errorf("%s: %d duplicate emails, %d duplicate SMTP messages, %d duplicate refunds", name, o.dupEmails, o.dupSMTP, o.dupRefunds))
+		}
+		if o.unfinished != 0 {
+			errs = append(errs, fmt.Errorf("%s: %d tickets neither finished nor escalated", name, o.unfinished))
+		}
 	}
 	return errors.Join(errs...)
 }
