@@ -205,8 +205,14 @@ func (e *env) event(ctx context.Context, ticket int, kind, detail string) {
 }
 
 func (e *env) outcome(ctx context.Context, ticket int, outcome string) error {
-	_, err := e.pool.Exec(ctx, `INSERT INTO outcomes (agent, ticket, outcome) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, e.name, ticket, outcome)
+	_, err := e.firstOutcome(ctx, ticket, outcome)
 	return err
+}
+
+// firstOutcome records a ticket's outcome and reports whether it was the first.
+func (e *env) firstOutcome(ctx context.Context, ticket int, outcome string) (bool, error) {
+	tag, err := e.pool.Exec(ctx, `INSERT INTO outcomes (agent, ticket, outcome) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, e.name, ticket, outcome)
+	return err == nil && tag.RowsAffected() == 1, err
 }
 
 // loop polls the inbox until ctx ends, handling each delivery with handle.

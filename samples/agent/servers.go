@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"strconv"
@@ -40,6 +41,7 @@ func startServers(pool *pgxpool.Pool, seed uint64) (*servers, error) {
 	}
 	srv := smtp.NewServer(smtp.BackendFunc(func(c *smtp.Conn) (smtp.Session, error) { return &smtpSession{s: s, c: c}, nil }))
 	srv.Domain = "localhost"
+	srv.ErrorLog = log.New(io.Discard, "", 0) // the connections the demo drops on purpose
 	go func() { _ = srv.Serve(l) }()
 	s.smtp = l.Addr().String()
 	s.close = append(s.close, func() { _ = srv.Close() })

@@ -171,15 +171,20 @@ func dispatch(ctx context.Context, e *env, c client.Client) error {
 				fmt.Fprintf(os.Stderr, "agent-demo: ticket %d's workflow: %v\n", d.t.ID, err)
 				return
 			}
-			for range out.Changed {
-				e.event(ctx, d.t.ID, "changed", "send_email")
+			// A run that two deliveries waited for is counted once.
+			first, err := e.firstOutcome(ctx, d.t.ID, out.Outcome)
+			if err != nil {
+				return
 			}
-			for range out.Uncertain {
-				e.event(ctx, d.t.ID, "uncertain", "notify_team")
+			if first {
+				for range out.Changed {
+					e.event(ctx, d.t.ID, "changed", "send_email")
+				}
+				for range out.Uncertain {
+					e.event(ctx, d.t.ID, "uncertain", "notify_team")
+				}
 			}
-			if e.outcome(ctx, d.t.ID, out.Outcome) == nil {
-				_ = e.done(ctx, d)
-			}
+			_ = e.done(ctx, d)
 		})
 	}
 	return nil
