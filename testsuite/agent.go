@@ -154,8 +154,11 @@ func runToolFault(c ToolCase, f ToolFault) (ToolReport, error) {
 	switch f {
 	case ToolChangedArguments:
 		res, err = call(ctx, c.ChangedArgs)
-		if !errors.Is(err, agent.ErrArgumentsChanged) {
-			rep.Err = fmt.Errorf("a retry with other arguments was not refused with agent.ErrArgumentsChanged (got %v)", err)
+		switch {
+		case err == nil:
+			rep.Err = errors.New("a retry with other arguments was not refused: it returned the tool's output")
+		case !errors.Is(err, agent.ErrArgumentsChanged):
+			rep.Err = fmt.Errorf("a retry with other arguments was not refused with agent.ErrArgumentsChanged: %w", err)
 		}
 	default:
 		res, err = call(ctx, c.Args)

@@ -136,7 +136,7 @@ func (e *env) mail(ticket int, args json.RawMessage) (json.RawMessage, error) {
 	if err != nil {
 		return nil, agent.NotApplied(err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	msg := fmt.Sprintf("From: agent@example.com\r\nTo: team@example.com\r\nX-Agent: %s\r\nX-Ticket: %d\r\n\r\n%s\r\n", e.name, ticket, args)
 	if err := c.SendMail("agent@example.com", []string{"team@example.com"}, strings.NewReader(msg)); err != nil {
 		return nil, err

@@ -84,7 +84,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer envr.Close()
+	defer func() { _ = envr.Close() }()
 	pool, err := setupSchema(ctx, envr.DatabaseURL)
 	if err != nil {
 		return nil, err
