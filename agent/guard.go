@@ -448,8 +448,17 @@ func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (ledger.ClaimRe
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return ledger.ClaimResult{}, g.changed(ctx, c)
 	}
-	if err != nil || claim.Lease == nil {
+	if err != nil {
 		return claim, err
+	}
+	if claim.Lease == nil {
+		// A replay: commit the fence's renewal of the task's claim, if any.
+		if t.lease != nil {
+			if err := tx.Commit(ctx); err != nil {
+				return ledger.ClaimResult{}, fmt.Errorf("oncekit/agent: renew the claim of task %q: %w", t.ID, err)
+			}
+		}
+		return claim, nil
 	}
 	if err := g.freeze(ctx, tx, c); err != nil {
 		return ledger.ClaimResult{}, err

@@ -441,3 +441,24 @@ func TestCall_CrashPoints(t *testing.T) {
 	}
 	t.Logf("%d trials, %d left uncertain", trials, uncertain)
 }
+
+// A call that replays renews the task's claim as a first run does: an agent whose calls
+// all replay, such as one that took a task over, keeps its task.
+func TestTask_ReplayRenewsClaim(t *testing.T) {
+	t.Parallel()
+	g, b := setup(t, &agent.Config{TaskLease: time.Minute})
+	ctx := context.Background()
+	p := &provider{pool: b.pool}
+	task, err := g.ClaimTask(ctx, "acme", "ticket-9", nil)
+	require.NoError(t, err)
+	_, err = task.Call(ctx, "1", emailAPI, nil, p.keyed, nil)
+	require.NoError(t, err)
+	b.clock.Advance(40 * time.Second)
+	res, err := task.Call(ctx, "1", emailAPI, nil, p.keyed, nil)
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	b.clock.Advance(40 * time.Second) // past the claim's first lease, within the renewed one
+	_, err = g.ClaimTask(ctx, "acme", "ticket-9", nil)
+	require.ErrorIs(t, err, ledger.ErrInProgress, "the replay renewed the claim")
+	require.NoError(t, task.Finish(ctx, nil))
+}
