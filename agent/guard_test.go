@@ -462,3 +462,27 @@ func TestTask_ReplayRenewsClaim(t *testing.T) {
 	require.ErrorIs(t, err, ledger.ErrInProgress, "the replay renewed the claim")
 	require.NoError(t, task.Finish(ctx, nil))
 }
+
+// Frozen calls are purged once their retention ran out, in batches, and not before.
+func TestPurge(t *testing.T) {
+	t.Parallel()
+	g, b := setup(t, &agent.Config{Retention: time.Hour})
+	ctx := context.Background()
+	p := &provider{pool: b.pool}
+	task := g.Task("acme", "ticket-10")
+	for i := range 5 {
+		_, err := task.Call(ctx, strconv.Itoa(i), smtpSend, nil, p.plain, nil)
+		require.NoError(t, err)
+	}
+	res, err := g.Purge(ctx, nil)
+	require.NoError(t, err)
+	require.Zero(t, res.Deleted)
+	b.clock.Advance(2 * time.Hour)
+	res, err = g.Purge(ctx, &ledger.PurgeOpts{BatchSize: 2})
+	require.NoError(t, err)
+	require.EqualValues(t, 5, res.Deleted)
+	require.Equal(t, 3, res.Batches)
+	var left int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM agent_calls").Scan(&left))
+	require.Zero(t, left)
+}

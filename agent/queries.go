@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekit/oncekit/internal/pgsql"
 )
 
 // queries are the package's SQL, each a whole statement; {{calls}} stands for the
@@ -11,12 +13,15 @@ import (
 // a NULL "now" means the database's clock.
 type queries struct {
 	insert, read, decide, timeout, waiting string
+	// purge deletes expired calls; $2 is now.
+	purge pgsql.Purge
 }
 
 func newQueries(schema string) queries {
 	t := pgx.Identifier{schema, "agent_calls"}.Sanitize()
 	r := func(s string) string { return strings.ReplaceAll(s, "{{calls}}", t) }
 	return queries{
+		purge: pgsql.PurgeSQL(t, []string{"tenant", "call_key"}, "expires_at <= coalesce($2::timestamptz, now())", "expires_at"),
 		// $1 tenant, $2 call key, $3 task, $4 step, $5 tool, $6 canonical arguments,
 		// $7 fingerprint, $8 now, $9 retention, $10 approval ('none' or 'waiting'),
 		// $11 approval timeout. A row past its retention is a new call's.
