@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	tactivity "go.temporal.io/sdk/activity"
 
-	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/internal/pgsql"
+	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/saga"

@@ -12,9 +12,9 @@ import (
 	ttestsuite "go.temporal.io/sdk/testsuite"
 	tworker "go.temporal.io/sdk/worker"
 
-	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/activity"
 	"github.com/oncekit/oncekit/devenv"
+	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/saga"
@@ -77,7 +77,7 @@ func TestSagaRecord_EndAndCompensatingExcludeEachOther(t *testing.T) {
 
 		rec, err := l.Get(context.Background(), scope, keys.Key(req.Key))
 		require.NoError(t, err)
-		markerKey, err := keys.Derive(req.Key, sagarec.CompensatingPurpose)
+		markerKey, err := keys.Derive(keys.Key(req.Key), sagarec.CompensatingPurpose)
 		require.NoError(t, err)
 		_, err = l.Get(context.Background(), scope, markerKey)
 		compensating := err == nil

@@ -11,10 +11,10 @@ import (
 	ttestsuite "go.temporal.io/sdk/testsuite"
 	tworker "go.temporal.io/sdk/worker"
 
-	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/activity"
 	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/internal/pgtest"
+	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/saga"

@@ -53,7 +53,9 @@ func TestDefinitiveError_ResponseStoredAndReplayed(t *testing.T) {
 		t.Parallel()
 		l, _ := setup(t, nil)
 		in := intent(t, "acme", "plain", order{Item: "tv"})
-		fn := func(context.Context, pgx.Tx) (ledger.Response, error) { return ledger.Response{}, ledger.Definitive("out_of_stock", "") }
+		fn := func(context.Context, pgx.Tx) (ledger.Response, error) {
+			return ledger.Response{}, ledger.Definitive("out_of_stock", "")
+		}
 		for range 2 {
 			_, err := l.Do(context.Background(), in, fn, nil)
 			var derr *ledger.DefinitiveError

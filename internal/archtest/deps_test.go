@@ -27,6 +27,8 @@ var rules = map[string][]string{
 	"webhook":               {"go.temporal.io/", mod + "testsuite"},
 	"inbox":                 {"go.temporal.io/", mod + "testsuite"},
 	"outbox":                {"go.temporal.io/", mod + "testsuite"},
+	"agent":                 {"go.temporal.io/", mod + "testsuite", mod + "activity", mod + "worker"},
+	"agent/agenttemporal":   {mod + "testsuite", mod + "worker"},
 	"cmd/oncekit":           {"go.temporal.io/", mod + "testsuite", mod + "activity", mod + "worker"}, // its own module, checked from its directory
 	"migrate":               {"go.temporal.io/", mod + "testsuite"},
 	"monitoring":            {"go.temporal.io/", mod + "testsuite"}, // its own module, tests alone: the dashboard's and the alerts' checks
@@ -38,6 +40,7 @@ var rules = map[string][]string{
 	"samples/payment":       {mod + "samples/transfer", mod + "testsuite"},
 	"samples/transfer":      {mod + "samples/payment", mod + "testsuite"},
 	"samples/quickstart":    {mod + "samples/payment", mod + "samples/transfer", mod + "testsuite", mod + "devenv"}, // the public packages alone
+	"samples/agent":         {mod + "samples/payment", mod + "testsuite"},                                           // its own module, checked from its directory
 
 	"samples/transfer/worker": {mod + "samples/payment", mod + "testsuite"},
 	"samples/transfer/start":  {mod + "samples/payment", mod + "testsuite"},
@@ -49,8 +52,8 @@ func TestDependencyRules(t *testing.T) {
 		cmd := exec.Command("go", "list", "-deps", mod+pkg)
 		// The modules of their own are checked from their directories.
 		switch {
-		case pkg == "cmd/oncekit":
-			cmd.Dir = filepath.Join("..", "..", "cmd", "oncekit")
+		case pkg == "cmd/oncekit" || pkg == "agent/mcpguard" || pkg == "samples/agent":
+			cmd.Dir = filepath.Join("..", "..", pkg)
 		case strings.HasPrefix(pkg, "samples/"):
 			cmd.Dir = filepath.Join("..", "..", "samples")
 		case pkg == "monitoring":

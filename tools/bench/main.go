@@ -21,7 +21,7 @@ import (
 
 func main() {
 	quick := flag.Bool("quick", false, "run a few iterations only, to check the benchmark works")
-	only := flag.String("only", "", "run one group only: ledger, http, messaging, activity, or citus or scale (which run only when named)")
+	only := flag.String("only", "", "run one group only: ledger, http, messaging, activity, agent, or citus or scale (which run only when named)")
 	flag.Parse()
 	if err := run(*quick, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -124,6 +124,9 @@ func run(quick bool, only string) error {
 			return messagingBench{url: url, rounds: scale(200, 2), opsPerRound: 5, dispatchN: scale(50000, 2000)}.run
 		}), false},
 		{"activity", activityBench{url: url, rounds: scale(15, 2)}.run, false},
+		{"agent", repeatedGroup(freshServer(url), scale(4, 1), func(url string) func(context.Context, io.Writer) error {
+			return agentBench{url: url, rounds: scale(200, 2), opsPerRound: 5}.run
+		}), false},
 		{name: "citus", named: true, run: citusBench{rounds: scale(300, 2), burst: 5}.run},
 		{name: "scale", named: true, run: func(ctx context.Context, out io.Writer) error {
 			sizes, err := scaleSizes()
