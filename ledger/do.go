@@ -566,20 +566,10 @@ func (l *Ledger) settleQ(ctx context.Context, q querier, in Intent, wait time.Du
 		if rec == nil || (rec.Expired && !expired) {
 			return Result{}, freeAbsent, nil
 		}
-		if rec.Fingerprint != in.Fingerprint {
-			return Result{}, notFree, &FingerprintMismatchError{Scope: in.Scope, Key: in.Key, StoredFingerprint: rec.Fingerprint,
-				Fingerprint: in.Fingerprint, StoredState: rec.State, StoredAt: rec.CreatedAt}
+		if res, free, err := l.judge(in, rec); free != freeAbsent {
+			return res, free, err
 		}
-		switch rec.State {
-		case StateCompleted:
-			return rec.result(true), notFree, nil
-		case StateFailed:
-			return rec.result(true), notFree, rec.storedError(true)
-		}
-		// Pending in the external-effect mode: someone holds a lease.
-		if rec.LeaseExpired {
-			return Result{}, freeLeaseExpired, nil
-		}
+		// Pending in the external-effect mode: someone holds a live lease.
 		left := wait - time.Since(start)
 		if left <= 0 {
 			return Result{}, notFree, &InProgressError{Scope: in.Scope, Key: in.Key, LeaseUntil: rec.LeaseUntil, Waited: time.Since(start)}

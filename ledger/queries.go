@@ -42,6 +42,8 @@ type queries struct {
 	// replacing an expired record of the key.
 	insertCompleted string
 	insertFailed    string
+	// DoStatement's guarded statement, with the caller's statement to fill in.
+	statement string
 	// The external mode claims, then finishes the record under the owner token.
 	claim     string
 	complete  string
@@ -84,6 +86,7 @@ func newQueries(schema string) queries {
 		restoreLockTimeout: load("restore_lock_timeout"),
 		insertCompleted:    load("insert_completed"),
 		insertFailed:       load("insert_failed"),
+		statement:          load("statement"),
 		claim:              load("claim"),
 		complete:           load("complete"),
 		fail:               load("fail"),
