@@ -201,8 +201,27 @@ type stmtAttempt struct {
 	retention time.Duration
 }
 
-// bodyTooLarge is what the guarded statement's body check fails with.
-const bodyTooLarge = "oncekit_body_bytes="
+// The guarded statement refuses a taken key, and a body over the limit, by failing a
+// cast to integer of a text that starts with one of these, followed by a number.
+const (
+	claimRefused = "oncekit_claim_refused="
+	bodyTooLarge = "oncekit_body_bytes="
+)
+
+// marked returns the number after marker in err's message, if err is the guarded
+// statement's failed cast of a text that starts with marker; "" otherwise.
+func marked(err error, marker string) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return ""
+	}
+	_, n, ok := strings.Cut(pgErr.Message, `"`+marker)
+	if !ok {
+		return ""
+	}
+	n, _, _ = strings.Cut(n, `"`)
+	return n
+}
 
 // run sends the record's lookup and the guarded statement in one round trip, and
 // decides the call by what comes back.
@@ -229,7 +248,7 @@ func (s *stmtAttempt) run(ctx context.Context) (Result, error) {
 			}
 		}
 		switch code := pgsql.Code(err); {
-		case code == pgsql.DivisionByZero:
+		case code == pgsql.InvalidTextRepresentation && marked(err, claimRefused) != "":
 			// Refused: the record read just before answers, or another attempt holds
 			// the key's lock.
 		case code == pgsql.CheckViolation && recordStateCheck(err):
@@ -239,13 +258,8 @@ func (s *stmtAttempt) run(ctx context.Context) (Result, error) {
 				return res, err
 			}
 			return Result{}, &InProgressError{Scope: s.in.Scope, Key: s.in.Key, Waited: time.Since(s.w.start)}
-		case code == pgsql.InvalidTextRepresentation && strings.Contains(err.Error(), bodyTooLarge):
-			var pgErr *pgconn.PgError
-			size := 0
-			if errors.As(err, &pgErr) {
-				_, n, _ := strings.Cut(pgErr.Message, bodyTooLarge)
-				size, _ = strconv.Atoi(strings.TrimRight(n, `"`))
-			}
+		case code == pgsql.InvalidTextRepresentation && marked(err, bodyTooLarge) != "":
+			size, _ := strconv.Atoi(marked(err, bodyTooLarge))
 			return Result{}, &BodyTooLargeError{Size: size, Limit: s.l.cfg.MaxBodyBytes}
 		case code != "" && !pgsql.CommitUnknown(err):
 			return Result{}, fmt.Errorf("oncekit/ledger: run the statement of %s in %s: %w", quoteKey(s.in.Key), s.in.Scope, err)

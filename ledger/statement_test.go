@@ -336,6 +336,14 @@ func TestDoStatement_FailingStatementLeavesTheKeyFree(t *testing.T) {
 	_, err = l.DoStatement(ctx, in, ledger.Statement{SQL: `INSERT INTO nowhere (x) VALUES (1) RETURNING x`}, nil)
 	require.ErrorContains(t, err, "nowhere")
 
+	// The statement's own errors are not the claim's refusal, even of the same SQLSTATE.
+	_, err = l.DoStatement(ctx, in, ledger.Statement{SQL: `INSERT INTO orders (tenant, item, amount) VALUES ($1, 'x', $2::text::int) RETURNING id`,
+		Args: []any{"acme", "abc"}}, &ledger.StatementOpts{Wait: time.Minute})
+	require.ErrorContains(t, err, "invalid input syntax")
+	_, err = l.DoStatement(ctx, in, ledger.Statement{SQL: `INSERT INTO orders (tenant, item, amount) VALUES ($1, 'x', $2::int / (SELECT count(*) FROM orders WHERE false)) RETURNING id`,
+		Args: []any{"acme", 1}}, &ledger.StatementOpts{Wait: time.Minute})
+	require.ErrorContains(t, err, "division by zero")
+
 	res, err := l.DoStatement(ctx, in, insertOrderStmt("acme", order{Item: "neg", Amount: 1}), nil)
 	require.NoError(t, err)
 	require.False(t, res.Replayed)
