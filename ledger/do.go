@@ -307,7 +307,7 @@ func (a *attempt) onRefused(ctx context.Context) (*pipetx.Resume, error) {
 	if err := a.lt.abort(context.WithoutCancel(ctx), a.p); err != nil {
 		return nil, a.decide(Result{}, fmt.Errorf("oncekit/ledger: roll back the refused claim of %s in %s: %w", quoteKey(a.in.Key), a.in.Scope, err))
 	}
-	res, free, err := a.settle(ctx, true)
+	res, free, err := a.settleRefused(ctx)
 	switch free {
 	case notFree:
 		return nil, a.decide(res, err)
@@ -340,6 +340,26 @@ func (a *attempt) onRefused(ctx context.Context) (*pipetx.Resume, error) {
 		return nil, a.decide(Result{}, a.gaveUp(byCtx))
 	}
 	return nil, a.decide(Result{}, fmt.Errorf("oncekit/ledger: wait for %s in %s: %w", quoteKey(a.in.Key), a.in.Scope, err))
+}
+
+// settleRefused is settle after a refused claim. In the ledger's own transaction the
+// default mode's claim read the key's record in its own round trip: a live record then
+// answers without a read, and with none the claim was refused by the key's lock, held
+// by an attempt in flight, which the caller waits for.
+func (a *attempt) settleRefused(ctx context.Context) (Result, freedom, error) {
+	o, ok := a.lt.(*ownTx)
+	if !ok || a.mode != ModeClaimWithFirstStatement {
+		return a.settle(ctx, true)
+	}
+	rec := o.decided()
+	if rec == nil {
+		return Result{}, freeAbsent, nil
+	}
+	if res, free, err := a.l.judge(a.in, rec); free != freeAbsent {
+		return res, free, err
+	}
+	// Pending under a live lease: wait for it, polling.
+	return a.settle(ctx, true)
 }
 
 // execute claims the key as the call's mode says, runs fn and finishes the transaction

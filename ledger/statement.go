@@ -2,21 +2,18 @@ package ledger
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-	"weak"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/oncekit/oncekit/internal/pgsql"
+	"github.com/oncekit/oncekit/internal/pipetx"
 )
 
 // Statement is one SQL statement that makes a mutation: an INSERT, UPDATE or DELETE
@@ -334,11 +331,11 @@ func (s *stmtAttempt) waitLeft() time.Duration {
 // every cached statement of a batch that failed, and a refused claim fails its batch.
 // It returns the record read (nil for none) and the stored body.
 func (s *stmtAttempt) send(ctx context.Context, now *time.Time, inTx bool) (*Record, []byte, error) {
-	lsd, err := prepareNamed(ctx, s.conn, s.l.q.lookup)
+	lsd, err := pipetx.PrepareNamed(ctx, s.conn, s.l.q.lookup)
 	if err != nil {
 		return nil, nil, err
 	}
-	ssd, err := prepareNamed(ctx, s.conn, s.text)
+	ssd, err := pipetx.PrepareNamed(ctx, s.conn, s.text)
 	if err != nil {
 		return nil, nil, fmt.Errorf("oncekit/ledger: prepare the statement: %w", err)
 	}
@@ -415,63 +412,4 @@ func (l *Ledger) judge(in Intent, rec *Record) (Result, freedom, error) {
 		return Result{}, freeLeaseExpired, nil
 	}
 	return Result{}, freeAbsent, nil
-}
-
-// namedLimit is how many statements DoStatement keeps prepared on a connection.
-const namedLimit = 128
-
-// prepareNamed prepares sql on conn under a name derived from it, once per connection:
-// pgx answers a name it prepared from memory. Past namedLimit statements, the
-// connection's are deallocated and prepared again as they come.
-func prepareNamed(ctx context.Context, conn *pgx.Conn, sql string) (*pgconn.StatementDescription, error) {
-	sum := sha256.Sum256([]byte(sql))
-	name := "oncekit_" + hex.EncodeToString(sum[:12])
-	m := namedOf(conn.PgConn())
-	m.mu.Lock()
-	_, known := m.names[name]
-	full := !known && len(m.names) >= namedLimit
-	var drop []string
-	if full {
-		for n := range m.names {
-			drop = append(drop, n)
-		}
-		clear(m.names)
-	}
-	m.mu.Unlock()
-	for _, n := range drop {
-		if err := conn.Deallocate(ctx, n); err != nil {
-			return nil, err
-		}
-	}
-	sd, err := conn.Prepare(ctx, name, sql)
-	if err != nil {
-		return nil, err
-	}
-	if !known {
-		m.mu.Lock()
-		m.names[name] = struct{}{}
-		m.mu.Unlock()
-	}
-	return sd, nil
-}
-
-// named holds the names DoStatement prepared on a connection.
-type named struct {
-	mu    sync.Mutex
-	names map[string]struct{}
-}
-
-var namedByConn sync.Map // weak.Pointer[pgconn.PgConn] -> *named
-
-func namedOf(pc *pgconn.PgConn) *named {
-	key := weak.Make(pc)
-	if m, ok := namedByConn.Load(key); ok {
-		return m.(*named)
-	}
-	m := &named{names: map[string]struct{}{}}
-	if actual, loaded := namedByConn.LoadOrStore(key, m); loaded {
-		return actual.(*named)
-	}
-	runtime.AddCleanup(pc, func(k weak.Pointer[pgconn.PgConn]) { namedByConn.Delete(k) }, key)
-	return m
 }

@@ -465,3 +465,36 @@ func TestDoStatement_CancelledContext(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.False(t, errors.Is(err, ledger.ErrOutcomeUnknown))
 }
+
+// The default mode's round trips, with warm statements: a first execution whose fn
+// sends one statement takes 2; a replay 2 (the refused claim, which reads the record,
+// and the rollback); the next first execution on the connection 2 again, since the
+// refused batch's statements were prepared by name and stay prepared.
+func TestDo_DefaultModeRoundTrips(t *testing.T) {
+	t.Parallel()
+	_, b := setupStmt(t, nil)
+	tc := &pgtest.Trips{}
+	pool := pgtest.Pool(t, b.schema, func(cfg *pgxpool.Config) {
+		cfg.MaxConns, cfg.MinConns = 1, 1
+		cfg.ConnConfig.DialFunc = tc.Dial(cfg.ConnConfig.DialFunc)
+		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	})
+	l, err := ledger.New(pool, &ledger.Config{Schema: b.schema})
+	require.NoError(t, err)
+	ctx := context.Background()
+	trips := func(key string, replay bool) int64 {
+		tc.Reset()
+		req := order{Item: "pen", Amount: 1}
+		res, err := l.Do(ctx, intent(t, "acme", key, req), createOrder("acme", req), nil)
+		require.NoError(t, err)
+		require.Equal(t, replay, res.Replayed)
+		return tc.Load()
+	}
+	trips("warm", false)
+	trips("warm", true)
+	trips("warm-2", false)
+	require.Equal(t, int64(2), trips("a", false), "a first execution")
+	require.Equal(t, int64(2), trips("a", true), "a replay")
+	require.Equal(t, int64(2), trips("a", true), "a second replay")
+	require.Equal(t, int64(2), trips("b", false), "the next first execution")
+}
