@@ -34,7 +34,7 @@ type queries struct {
 	claimCheck string
 	// claimRecord is claimLocal in the ledger's own transaction, reading the record too.
 	claimRecord string
-	claimProbe string
+	claimProbe  string
 	// A refused claim waits for the key's lock with waitLock, on the node the claim
 	// takes it on.
 	waitLock string
