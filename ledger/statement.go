@@ -72,8 +72,10 @@ type StatementOpts struct {
 // write the ledger's own table. A body over [Config].MaxBodyBytes rolls everything back
 // with a [*BodyTooLargeError].
 //
-// Each connection prepares the statement once (one round trip the first time); a
-// connection keeps the last 128 statements it prepared this way. DoStatement has no
+// Each connection prepares the statement once, by name, whatever its
+// pgx.QueryExecMode (one round trip the first time), and keeps at most 128 statements
+// prepared this way: a connection behind a pooler that cannot keep prepared statements
+// (PgBouncer in transaction mode before 1.21) cannot run DoStatement. DoStatement has no
 // form inside a caller's transaction: a statement of its own is what lets it commit in
 // the round trip that runs it. Use [Ledger.DoTx] there.
 func (l *Ledger) DoStatement(ctx context.Context, in Intent, st Statement, opts *StatementOpts) (res Result, err error) {

@@ -498,3 +498,26 @@ func TestDo_DefaultModeRoundTrips(t *testing.T) {
 	require.Equal(t, int64(2), trips("a", true), "a second replay")
 	require.Equal(t, int64(2), trips("b", false), "the next first execution")
 }
+
+// A pending external claim under a live lease is waited for within the wait and then
+// reported in progress; the statement does not run. Once the claim completes, the call
+// replays it.
+func TestDoStatement_PendingExternalClaim(t *testing.T) {
+	t.Parallel()
+	l, b := setupStmt(t, nil)
+	ctx := context.Background()
+	in := intent(t, "acme", "ext", order{Item: "seq"})
+	c, err := l.Claim(ctx, in, nil)
+	require.NoError(t, err)
+	require.NotNil(t, c.Lease)
+	_, err = l.DoStatement(ctx, in, seqStmt("acme"), &ledger.StatementOpts{Wait: 20 * time.Millisecond})
+	require.ErrorIs(t, err, ledger.ErrInProgress)
+	require.Equal(t, int64(0), sequenceValue(t, b.pool))
+	_, err = l.Complete(ctx, c.Lease, ledger.Response{Code: 200, Body: []byte(`[{"amount":7}]`)})
+	require.NoError(t, err)
+	res, err := l.DoStatement(ctx, in, seqStmt("acme"), nil)
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+	require.Equal(t, `[{"amount":7}]`, string(res.Response.Body))
+	require.Equal(t, int64(0), sequenceValue(t, b.pool))
+}
