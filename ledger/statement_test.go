@@ -521,3 +521,25 @@ func TestDoStatement_PendingExternalClaim(t *testing.T) {
 	require.Equal(t, `[{"amount":7}]`, string(res.Response.Body))
 	require.Equal(t, int64(0), sequenceValue(t, b.pool))
 }
+
+// DoStatement runs and replays the same in every pgx QueryExecMode: it prepares its
+// statements by name whatever the connection's mode.
+func TestDoStatement_EveryExecMode(t *testing.T) {
+	t.Parallel()
+	_, b := setupStmt(t, nil)
+	pgtest.EachExecMode(t, b.schema, func(t *testing.T, pool *pgxpool.Pool) {
+		l, err := ledger.New(pool, &ledger.Config{Schema: b.schema})
+		require.NoError(t, err)
+		ctx := context.Background()
+		tenant := strings.ToLower(strings.ReplaceAll(t.Name()[strings.LastIndex(t.Name(), "/")+1:], "_", "-"))
+		req := order{Item: "cup", Amount: 3}
+		in := intent(t, tenant, "cup", req)
+		first, err := l.DoStatement(ctx, in, insertOrderStmt(tenant, req), nil)
+		require.NoError(t, err)
+		again, err := l.DoStatement(ctx, in, insertOrderStmt(tenant, req), nil)
+		require.NoError(t, err)
+		require.True(t, again.Replayed)
+		require.Equal(t, first.Response.Body, again.Response.Body)
+		require.Equal(t, 1, countOrders(t, b.pool, tenant))
+	})
+}
