@@ -246,6 +246,7 @@ func (s *stmtAttempt) run(ctx context.Context) (Result, error) {
 				return Result{}, errors.Join(err, rerr)
 			}
 		}
+		inTx = false // a next send, after a wait, opens a transaction of its own
 		switch code := pgsql.Code(err); {
 		case code == pgsql.InvalidTextRepresentation && marked(err, claimRefused) != "":
 			// Refused: the record read just before answers, or another attempt holds
