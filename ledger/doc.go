@@ -13,6 +13,15 @@
 // [*FingerprintMismatchError]. [Ledger.DoTx] does the same inside a transaction you
 // already hold.
 //
+// # One statement
+//
+// [Ledger.DoStatement] is the cheapest guarded write, cheaper than the bare pgx.BeginFunc
+// transaction: a mutation that is one INSERT, UPDATE or DELETE with RETURNING (or a WITH
+// query of them) runs with the claim and the record in a single statement that commits
+// by itself, in one round trip; a replay takes one round trip and writes nothing. The
+// statement's rows, as JSON, are the stored response. A taken key stops the statement
+// before it runs.
+//
 // # Modes
 //
 // DoOpts.Mode says when the claim's answer arrives. By default
@@ -63,7 +72,7 @@
 // API:
 //
 //   - oncekit.ledger.calls ({call}): every call, with attributes oncekit.call (Do, DoTx,
-//     Claim, Complete, Fail, Release, MarkUncertain), oncekit.operation and oncekit.outcome
+//     DoStatement, Claim, Complete, Fail, Release, MarkUncertain), oncekit.operation and oncekit.outcome
 //     (the Outcome constants: first, replay, failed, key_reused, in_progress,
 //     snapshot_conflict, redrive, completed, released, uncertain, lease_lost, error);
 //   - oncekit.ledger.call.duration (s): each call from its start to its commit or answer;

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -339,6 +340,8 @@ func (e *histEnv) intent(op, key string, payload int) ledger.Intent {
 func (e *histEnv) step(client int, rng *rand.Rand) {
 	c := &hcall{id: e.nextID.Add(1), client: client, exec: e.execs[rng.IntN(len(e.execs))]}
 	switch n := rng.IntN(100); {
+	case n < 12:
+		c.op = "Stmt"
 	case n < 55:
 		c.op = "Do"
 	case n < 80:
@@ -375,6 +378,11 @@ func (e *histEnv) step(client int, rng *rand.Rand) {
 		c.iso = pgx.Serializable
 	}
 	commit := rng.IntN(8) > 0
+	if c.op == "Stmt" {
+		e.statement(c, rng)
+		e.add(c)
+		return
+	}
 	e.guarded(c, rng, commit)
 	e.add(c)
 }
@@ -495,6 +503,41 @@ func (e *histEnv) guarded(c *hcall, rng *rand.Rand, commit bool) {
 			c.commitSeq = e.event(c, "commit", fmt.Sprintf("id=%d", c.id))
 		}
 	}
+}
+
+// statement runs a DoStatement whose statement writes the call's effect row and
+// returns the body a Do of the call would, or fails (fn kind sqlerr). The call counts
+// as one that commits by itself, as Do does; its effect's time is the call's start.
+func (e *histEnv) statement(c *hcall, rng *rand.Rand) {
+	l := e.ledgers[c.exec]
+	c.mode, c.committed = "Statement", true
+	if rng.IntN(5) == 0 {
+		c.fnKind = "sqlerr"
+	} else {
+		c.fnKind = "ok"
+	}
+	ctx := context.Background()
+	if c.deadline > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.deadline)
+		defer cancel()
+	}
+	c.startStub = e.clock.Now()
+	c.fnAt = c.startStub
+	c.startSeq = e.event(c, "call", fmt.Sprintf("id=%d stmt=%s payload=%d wait=%s deadline=%s exec=%s", c.id, c.fnKind, c.payload, c.wait, c.deadline, c.exec))
+	div := 1
+	if c.fnKind == "sqlerr" {
+		div = 0
+	}
+	st := ledger.Statement{SQL: `INSERT INTO effects (key, call_id, at) VALUES ($1, $2::bigint / $4::int * $4::int, $3) RETURNING 'c' || call_id AS b`,
+		Args: []any{c.key, c.id, c.fnAt, div}, Code: 201}
+	c.res, c.err = l.DoStatement(ctx, e.intent("do", c.key, c.payload), st, &ledger.StatementOpts{Wait: c.wait})
+	c.kind = classify(c.err)
+	if c.kind == "other" && c.fnKind == "sqlerr" && strings.Contains(c.err.Error(), "division by zero") {
+		c.kind = "stmterr"
+	}
+	c.endStub = e.clock.Now()
+	c.endSeq = e.event(c, "return", c.describe())
 }
 
 // external runs one external-mode flow: claim, maybe stall past the lease, finish.
@@ -783,6 +826,11 @@ func (c *hcall) doneSeq() int {
 
 // checkReplay checks that a replayed result is one a call committed.
 func (e *histEnv) checkReplay(c *hcall, body string, failed bool, committedBy map[int64]outcome, byID map[int64]*hcall, bad func(string, *hcall, string, ...any)) {
+	// A DoStatement's body is its statement's row, [{"b":"c<call>"}].
+	var rows []struct{ B string }
+	if json.Unmarshal([]byte(body), &rows) == nil && len(rows) == 1 {
+		body = rows[0].B
+	}
 	id, err := strconv.ParseInt(strings.TrimPrefix(body, "c"), 10, 64)
 	producer := byID[id]
 	if err != nil || producer == nil || producer.key != c.key {

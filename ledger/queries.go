@@ -32,7 +32,9 @@ type queries struct {
 	// follows the claim, for records its snapshot cannot see.
 	claimLocal string
 	claimCheck string
-	claimProbe string
+	// claimRecord is claimLocal in the ledger's own transaction, reading the record too.
+	claimRecord string
+	claimProbe  string
 	// A refused claim waits for the key's lock with waitLock, on the node the claim
 	// takes it on.
 	waitLock string
@@ -42,6 +44,8 @@ type queries struct {
 	// replacing an expired record of the key.
 	insertCompleted string
 	insertFailed    string
+	// DoStatement's guarded statement, with the caller's statement to fill in.
+	statement string
 	// Claim claims, then finishes the record under the owner token.
 	claim     string
 	complete  string
@@ -79,12 +83,14 @@ func newQueries(schema string) queries {
 		lookup:             load("lookup"),
 		claimLocal:         load("claim_local"),
 		claimCheck:         load("claim_check"),
+		claimRecord:        load("claim_record"),
 		claimProbe:         load("claim_probe"),
 		waitLock:           load("wait_lock"),
 		keepLockTimeout:    load("keep_lock_timeout"),
 		restoreLockTimeout: load("restore_lock_timeout"),
 		insertCompleted:    load("insert_completed"),
 		insertFailed:       load("insert_failed"),
+		statement:          load("statement"),
 		claim:              load("claim"),
 		complete:           load("complete"),
 		fail:               load("fail"),

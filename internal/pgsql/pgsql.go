@@ -54,14 +54,15 @@ func Interval(d time.Duration) pgtype.Interval {
 
 // SQLSTATE codes oncekit acts on, named as in PostgreSQL's errcodes.txt.
 const (
-	DivisionByZero           = "22012"
-	CharacterNotInRepertoire = "22021"
-	UntranslatableCharacter  = "22P05"
-	UniqueViolation          = "23505"
-	CheckViolation           = "23514"
-	InFailedSQLTransaction   = "25P02"
-	SerializationFailure     = "40001"
-	LockNotAvailable         = "55P03"
+	DivisionByZero            = "22012"
+	CharacterNotInRepertoire  = "22021"
+	InvalidTextRepresentation = "22P02"
+	UntranslatableCharacter   = "22P05"
+	UniqueViolation           = "23505"
+	CheckViolation            = "23514"
+	InFailedSQLTransaction    = "25P02"
+	SerializationFailure      = "40001"
+	LockNotAvailable          = "55P03"
 )
 
 // Code returns err's SQLSTATE, or "" when err is not from PostgreSQL.
