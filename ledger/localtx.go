@@ -187,6 +187,8 @@ func (o *ownTx) abort(ctx context.Context, p *pipetx.Tx) error {
 	if o.conn.PgConn().TxStatus() == 'I' {
 		return nil
 	}
+	ctx, cancel := pgsql.Cleanup(ctx)
+	defer cancel()
 	if p != nil && p.Refused() && p.Checked() && o.conn.PgConn().TxStatus() == 'T' {
 		// The record decides next, so the rollback waits to travel with its lookup.
 		o.rollbackDue = true
@@ -290,6 +292,8 @@ func (c *callerTx) abort(ctx context.Context, p *pipetx.Tx) error {
 	if p != nil && !p.Opened() {
 		return nil
 	}
+	ctx, cancel := pgsql.Cleanup(ctx)
+	defer cancel()
 	_, err := c.outer.Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_claim; RELEASE SAVEPOINT oncekit_claim")
 	return err
 }

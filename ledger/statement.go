@@ -240,7 +240,8 @@ func (s *stmtAttempt) run(ctx context.Context) (Result, error) {
 		if err == nil {
 			return Result{Response: Response{Code: s.code, Body: body}, Attempts: 1, CreatedAt: at}, nil
 		}
-		cleanup := context.WithoutCancel(ctx)
+		cleanup, cancel := pgsql.Cleanup(ctx)
+		defer cancel()
 		if inTx && s.conn.PgConn().TxStatus() != 'I' && !s.conn.IsClosed() {
 			if _, rerr := s.conn.Exec(cleanup, "ROLLBACK"); rerr != nil {
 				return Result{}, errors.Join(err, rerr)

@@ -218,3 +218,16 @@ func CommitUnknown(err error) bool {
 	}
 	return true
 }
+
+// CleanupTimeout bounds how long a rollback (or any statement that undoes a call's
+// work) waits for its answer. Cleanup runs without the call's cancellation, so that a
+// cancelled call still cleans up; without a bound, a rollback whose answer is lost in a
+// network partition would wait as long as the connection lives. Past the bound, pgx
+// closes the connection, which ends its transaction with a rollback on the server.
+const CleanupTimeout = 2 * time.Second
+
+// Cleanup returns the context a rollback runs on: ctx's values without its
+// cancellation, bounded by [CleanupTimeout] from now.
+func Cleanup(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
+}
