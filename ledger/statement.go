@@ -242,6 +242,16 @@ func (s *stmtAttempt) run(ctx context.Context) (Result, error) {
 		}
 		cleanup, cancel := pgsql.Cleanup(ctx)
 		defer cancel()
+		var unsent unsentError
+		if errors.As(err, &unsent) {
+			// Nothing of this round was sent: not an unknown outcome.
+			if inTx && !s.conn.IsClosed() {
+				if _, rerr := s.conn.Exec(cleanup, "ROLLBACK"); rerr != nil {
+					return Result{}, errors.Join(unsent.error, rerr)
+				}
+			}
+			return Result{}, unsent.error
+		}
 		if inTx && s.conn.PgConn().TxStatus() != 'I' && !s.conn.IsClosed() {
 			if _, rerr := s.conn.Exec(cleanup, "ROLLBACK"); rerr != nil {
 				return Result{}, errors.Join(err, rerr)
@@ -337,19 +347,19 @@ func (s *stmtAttempt) waitLeft() time.Duration {
 func (s *stmtAttempt) send(ctx context.Context, now *time.Time, inTx bool) (*Record, []byte, error) {
 	lsd, err := pipetx.PrepareNamed(ctx, s.conn, s.l.q.lookup)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, unsentError{err}
 	}
 	ssd, err := pipetx.PrepareNamed(ctx, s.conn, s.text)
 	if err != nil {
-		return nil, nil, fmt.Errorf("oncekit/ledger: prepare the statement: %w", err)
+		return nil, nil, unsentError{fmt.Errorf("oncekit/ledger: prepare the statement: %w", err)}
 	}
 	tm := s.conn.TypeMap()
 	var le, se pgx.ExtendedQueryBuilder
 	if err := le.Build(tm, lsd, []any{s.in.Scope.Tenant, s.in.Scope.Operation, string(s.in.Key), now}); err != nil {
-		return nil, nil, err
+		return nil, nil, unsentError{err}
 	}
 	if err := se.Build(tm, ssd, s.args); err != nil {
-		return nil, nil, fmt.Errorf("oncekit/ledger: encode the statement's arguments: %w", err)
+		return nil, nil, unsentError{fmt.Errorf("oncekit/ledger: encode the statement's arguments: %w", err)}
 	}
 	b := &pgconn.Batch{}
 	b.ExecStatement(lsd, le.ParamValues, le.ParamFormats, le.ResultFormats)
@@ -397,6 +407,11 @@ func (s *stmtAttempt) send(ctx context.Context, now *time.Time, inTx bool) (*Rec
 	}
 	return rec, body, nil
 }
+
+// unsentError is an error from before the guarded statement was sent.
+type unsentError struct{ error }
+
+func (e unsentError) Unwrap() error { return e.error }
 
 // judge decides a call by a live record of its key: a replay, a stored failure or a
 // mismatch; or the key is free of it (a lease that ran out); or the record is pending

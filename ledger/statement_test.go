@@ -344,6 +344,13 @@ func TestDoStatement_FailingStatementLeavesTheKeyFree(t *testing.T) {
 		Args: []any{"acme", 1}}, &ledger.StatementOpts{Wait: time.Minute})
 	require.ErrorContains(t, err, "division by zero")
 
+	// An argument the statement's parameter cannot take fails before anything is sent:
+	// a plain error, not an unknown outcome.
+	_, err = l.DoStatement(ctx, in, ledger.Statement{SQL: `INSERT INTO orders (tenant, item, amount) VALUES ($1, 'x', $2) RETURNING id`,
+		Args: []any{"acme", struct{ X chan int }{}}}, nil)
+	require.Error(t, err)
+	require.False(t, errors.Is(err, ledger.ErrOutcomeUnknown), "%v", err)
+
 	res, err := l.DoStatement(ctx, in, insertOrderStmt("acme", order{Item: "neg", Amount: 1}), nil)
 	require.NoError(t, err)
 	require.False(t, res.Replayed)
