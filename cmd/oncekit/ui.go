@@ -189,7 +189,14 @@ func (a *app) ui(f *uiFlags) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
 	defer cancel()
-	return srv.Shutdown(ctx)
+	if err := srv.Shutdown(ctx); errors.Is(err, context.DeadlineExceeded) {
+		// Requests still running, or connections a browser opened ahead and never used,
+		// are cut.
+		return srv.Close()
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
 // isLoopback says whether host names the loopback interface.

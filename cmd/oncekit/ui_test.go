@@ -67,7 +67,7 @@ func startUI(t *testing.T, b *bundle, f uiFlags) *uiServer {
 	if f.temporalNS == "" {
 		f.temporalNS = "default"
 	}
-	f.shutdownTimeout = 5 * time.Second
+	f.shutdownTimeout = time.Second
 	ready := make(chan string, 1)
 	stop := make(chan struct{})
 	f.ready = func(addr string) { ready <- addr }
