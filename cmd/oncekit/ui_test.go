@@ -1,15 +1,19 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -432,4 +436,33 @@ func TestUI_OutboxRetryAndPurge(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, "Would delete")
 	require.Contains(t, body, b.schema+".idempotency_records")
+}
+
+// oncekit ui as a process: it says where it serves, answers the token it is given, and
+// ends with exit 0 on SIGTERM.
+func TestUI_CommandServesAndStops(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cmd := exec.Command(os.Args[0], "ui", "--listen", "127.0.0.1:0", "--schema", b.schema)
+	cmd.Env = append(append(os.Environ(), "ONCEKIT_TEST_RUN_COMMAND=1", "ONCEKIT_UI_TOKEN="+testOperatorToken), b.env...)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	lines := bufio.NewScanner(stderr)
+	require.True(t, lines.Scan(), "no line on stderr")
+	addr := regexp.MustCompile(`serving (http://127\.0\.0\.1:\d+) \(1 users`).FindStringSubmatch(lines.Text())
+	require.NotNil(t, addr, lines.Text())
+	go func() {
+		for lines.Scan() { // the request log
+		}
+	}()
+	c := (&uiServer{url: addr[1]}).client(t, testOperatorToken)
+	code, body := c.get("/")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "Stuck pending claims")
+	code, _ = (&uiServer{url: addr[1]}).client(t, "").get("/")
+	require.Equal(t, http.StatusUnauthorized, code)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait(), "exit 0 on SIGTERM")
 }
