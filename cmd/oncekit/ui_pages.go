@@ -87,6 +87,7 @@ func rows(d *pageData, recs []ledger.Record) []row {
 // homePage is the home page's panels.
 type homePage struct {
 	Stuck, Uncertain []row
+	UncertainCount   int64
 	Dead             []eventView
 	Backlog          []topicBacklog
 	Inbox            []subscriberView
@@ -119,16 +120,9 @@ func (c *console) home(r *http.Request, s *uiShard, d *pageData) (string, error)
 	p.Stuck = rows(d, stuck)
 	p.StuckLink = link("/records", d, url.Values{"stuck": {"1"}})
 	p.ReleaseStuck = link("/change", d, url.Values{"action": {"release"}, "stuck": {"1"}})
-	// Uncertain outcomes: attempts that may or may not have reached their provider.
-	recs, err := s.ledger.List(ctx, &ledger.ListOpts{State: ledger.StatePending, Limit: maxListLimit})
+	uncertain, err := c.uncertain(ctx, s, &p.UncertainCount)
 	if err != nil {
 		return "", err
-	}
-	var uncertain []ledger.Record
-	for _, rec := range recs {
-		if rec.Uncertain && len(uncertain) < panelLimit {
-			uncertain = append(uncertain, rec)
-		}
 	}
 	p.Uncertain = rows(d, uncertain)
 	if p.Outbox, err = s.outbox.Stats(ctx); err != nil {
@@ -149,6 +143,38 @@ func (c *console) home(r *http.Request, s *uiShard, d *pageData) (string, error)
 	p.Inbox = subscribers(st)
 	d.P = p
 	return "home", nil
+}
+
+// uncertain counts the records whose attempt may or may not have reached its provider,
+// and returns the newest of them.
+func (c *console) uncertain(ctx context.Context, s *uiShard, count *int64) ([]ledger.Record, error) {
+	table := pgx.Identifier{c.a.schema, "idempotency_records"}.Sanitize()
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE uncertain").Scan(count); err != nil {
+		return nil, err
+	}
+	rs, err := s.pool.Query(ctx, "SELECT tenant, operation, key FROM "+table+" WHERE uncertain ORDER BY updated_at DESC LIMIT $1", panelLimit)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rs, func(row pgx.CollectableRow) ([3]string, error) {
+		var id [3]string
+		return id, row.Scan(&id[0], &id[1], &id[2])
+	})
+	if err != nil {
+		return nil, err
+	}
+	var recs []ledger.Record
+	for _, id := range ids {
+		r, err := s.ledger.Get(ctx, keys.Scope{Tenant: id[0], Operation: id[1]}, keys.Key(id[2]))
+		if errors.Is(err, ledger.ErrNotFound) {
+			continue // changed since
+		}
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, *r)
+	}
+	return recs, nil
 }
 
 // backlog counts the outbox's pending and dead events by topic.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -17,11 +18,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
 	"github.com/oncekit/oncekit/outbox"
 )
 
@@ -59,12 +62,17 @@ type uiServer struct {
 // viewer's tokens, and stops it when the test ends.
 func startUI(t *testing.T, b *bundle, f uiFlags) *uiServer {
 	t.Helper()
-	env := map[string]string{"DATABASE_URL": pgtest.URL(t)}
+	return startUIWith(t, b.schema, map[string]string{"DATABASE_URL": pgtest.URL(t)}, f)
+}
+
+// startUIWith is startUI on schema with the environment env.
+func startUIWith(t *testing.T, schema string, env map[string]string, f uiFlags) *uiServer {
+	t.Helper()
 	if !f.insecureLocal {
 		env["ONCEKIT_UI_TOKEN"], env["ONCEKIT_UI_VIEWER_TOKEN"] = testOperatorToken, testViewerToken
 	}
 	logs := &syncBuffer{}
-	a := &app{ctx: context.Background(), out: io.Discard, errOut: logs, getenv: func(k string) string { return env[k] }, schema: b.schema}
+	a := &app{ctx: context.Background(), out: io.Discard, errOut: logs, getenv: func(k string) string { return env[k] }, schema: schema}
 	if f.listen == "" {
 		f.listen = "127.0.0.1:0"
 	}
@@ -396,6 +404,15 @@ func TestUI_SearchPagingBulkAndEscaping(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, recs, 3, "a preview changes nothing")
 
+	// An uncertain outcome is in its panel.
+	lease := b.claim(t, "acme", "payments.charge", "maybe-charged", time.Hour)
+	require.NoError(t, b.ledger.MarkUncertain(context.Background(), lease))
+	code, body = op.get("/")
+	require.Equal(t, http.StatusOK, code, body)
+	panel := body[strings.Index(body, `id="panel-uncertain"`):strings.Index(body, `id="panel-outbox"`)]
+	require.Contains(t, panel, "maybe-charged")
+	require.NotContains(t, panel, "k-1")
+
 	code, body = op.get("/records?" + q("key", `<script>alert("x")</script>`))
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;")
@@ -465,4 +482,39 @@ func TestUI_CommandServesAndStops(t *testing.T) {
 	require.Equal(t, http.StatusUnauthorized, code)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait(), "exit 0 on SIGTERM")
+}
+
+// With shards, the console reads one at a time, chosen by the shard selector, and says
+// so when a shard is not one of them.
+func TestUI_ShardSelector(t *testing.T) {
+	t.Parallel()
+	if pgtest.IsCitus() {
+		t.Skip("shards are independent PostgreSQL clusters")
+	}
+	ctx := context.Background()
+	pools, schema, clusters := pgtest.Shards(t, 2)
+	for i, p := range pools {
+		_, err := migrate.Up(ctx, p, schema)
+		require.NoError(t, err)
+		l, err := ledger.New(p, &ledger.Config{Schema: schema})
+		require.NoError(t, err)
+		_, err = l.Do(ctx, intent(t, "acme", "orders.create", fmt.Sprintf("on-shard-%d", i)), func(context.Context, pgx.Tx) (ledger.Response, error) {
+			return ledger.Response{Code: 201}, nil
+		}, nil)
+		require.NoError(t, err)
+	}
+	s := startUIWith(t, schema, map[string]string{"ONCEKIT_SHARDS": "a=" + pgtest.URL(t) + ";b=" + clusters[0].ConnString()}, uiFlags{})
+	op := s.client(t, testOperatorToken)
+	code, body := op.get("/records?" + q("tenant", "acme"))
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `<option value="b">b</option>`, "the selector")
+	require.Contains(t, body, "on-shard-0")
+	require.NotContains(t, body, "on-shard-1")
+	code, body = op.get("/records?" + q("tenant", "acme", "shard", "b"))
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "on-shard-1")
+	require.NotContains(t, body, "on-shard-0")
+	require.Contains(t, body, `/record?key=on-shard-1&amp;operation=orders.create&amp;shard=b&amp;tenant=acme`, "links keep the shard")
+	code, _ = op.get("/?shard=c")
+	require.Equal(t, http.StatusNotFound, code)
 }
