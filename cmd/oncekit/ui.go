@@ -240,7 +240,7 @@ func uiUsers(file string, getenv func(string) string) ([]uiUser, error) {
 	if err != nil {
 		return nil, usageError{fmt.Sprintf("--auth-file: %v", err)}
 	}
-	defer fh.Close()
+	defer func() { _ = fh.Close() }()
 	sc := bufio.NewScanner(fh)
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())

@@ -8,9 +8,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -517,4 +519,51 @@ func TestUI_ShardSelector(t *testing.T) {
 	require.Contains(t, body, `/record?key=on-shard-1&amp;operation=orders.create&amp;shard=b&amp;tenant=acme`, "links keep the shard")
 	code, _ = op.get("/?shard=c")
 	require.Equal(t, http.StatusNotFound, code)
+}
+
+// The auth file names users and their roles; a line that does not parse is refused
+// without echoing it, as is a short secret; basic auth needs the name and the secret
+// together.
+func TestUI_AuthFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(text string) string {
+		p := filepath.Join(dir, fmt.Sprintf("users-%d", len(text)))
+		require.NoError(t, os.WriteFile(p, []byte(text), 0o600))
+		return p
+	}
+	none := func(string) string { return "" }
+	users, err := uiUsers(write("# on-call\noperator alice alice-secret-0123456789\n\nviewer bob bob-secret-0123456789\n"), none)
+	require.NoError(t, err)
+	require.Len(t, users, 2)
+	require.Equal(t, roleOperator, users[0].Role)
+	require.Equal(t, roleViewer, users[1].Role)
+
+	_, err = uiUsers(write("admin carol carol-secret-0123456789\n"), none)
+	require.ErrorContains(t, err, "line 1")
+	require.NotContains(t, err.Error(), "carol-secret")
+	_, err = uiUsers(write("operator dave short\n"), none)
+	require.ErrorContains(t, err, "16 characters")
+	_, err = uiUsers(write("operator erin erin-secret-0123456789\nviewer erin erin-secret-9876543210\n"), none)
+	require.ErrorContains(t, err, "twice")
+
+	c := &console{users: users}
+	req := func(name, secret string) (uiUser, bool) {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.SetBasicAuth(name, secret)
+		return c.authenticate(r)
+	}
+	u, ok := req("alice", "alice-secret-0123456789")
+	require.True(t, ok)
+	require.Equal(t, "alice", u.Name)
+	require.Equal(t, "alice (oncekit ui)", actorOf(u))
+	_, ok = req("bob", "alice-secret-0123456789")
+	require.False(t, ok, "a secret under another name")
+	_, ok = req("alice", "")
+	require.False(t, ok)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("Authorization", "Bearer bob-secret-0123456789")
+	u, ok = c.authenticate(r)
+	require.True(t, ok)
+	require.Equal(t, roleViewer, u.Role)
 }
