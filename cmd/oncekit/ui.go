@@ -208,6 +208,14 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// hostOnly is the host of a Host header, without its port.
+func hostOnly(hostport string) string {
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		return h
+	}
+	return strings.Trim(hostport, "[]")
+}
+
 // uiUsers reads the users: the tokens of the environment, and the auth file's lines.
 func uiUsers(file string, getenv func(string) string) ([]uiUser, error) {
 	var users []uiUser
@@ -360,6 +368,13 @@ func (c *console) secure(next http.Handler) http.Handler {
 		h.Set("Cache-Control", "no-store")
 		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
 		start := time.Now()
+		if c.open && !isLoopback(hostOnly(r.Host)) {
+			// Without authentication, a page of another site whose name resolves to
+			// 127.0.0.1 (DNS rebinding) would read the console: only loopback names pass.
+			c.log.Printf("%s %s 403: host %q is not a loopback address", r.Method, r.URL.Path, clip(r.Host, 100))
+			http.Error(sw, "403 forbidden: without authentication the console answers only to a loopback address, such as 127.0.0.1", http.StatusForbidden)
+			return
+		}
 		u, ok := c.authenticate(r)
 		name := "-"
 		if ok {

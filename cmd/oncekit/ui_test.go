@@ -197,6 +197,14 @@ func TestUI_RefusesToStartWithoutAuth(t *testing.T) {
 	code, body := s.client(t, "").get("/")
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, "local · operator")
+	// DNS rebinding: another name for 127.0.0.1 is refused when there is no authentication.
+	req, err := http.NewRequest(http.MethodGet, s.url+"/", nil)
+	require.NoError(t, err)
+	req.Host = "attacker.example:8080"
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
 }
 
 // Every request needs a user; every response has the strict security headers; a viewer
@@ -455,6 +463,30 @@ func TestUI_OutboxRetryAndPurge(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Contains(t, body, "Would delete")
 	require.Contains(t, body, b.schema+".idempotency_records")
+	code, body = op.post("/purge", "/purge", url.Values{"reason": {"INC-400: disk"}})
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "Purged 0 rows")
+	require.Contains(t, s.log.String(), `purge: user=operator deleted=0 reason="INC-400: disk"`)
+
+	// An eviction: the wrong state is refused, the right one evicted with its audit row.
+	b.complete(t, "acme", "orders.create", "o-1", `{}`)
+	b.claim(t, "acme", "orders.create", "o-pending", time.Hour)
+	evict := func(key string) url.Values {
+		return url.Values{"action": {"evict"}, "target": {"one"}, "tenant": {"acme"}, "operation": {"orders.create"}, "key": {key}}
+	}
+	code, body = op.get("/change?" + evict("o-pending").Encode())
+	require.Equal(t, http.StatusConflict, code)
+	require.Contains(t, body, "release")
+	preview = "/change?" + evict("o-1").Encode()
+	form := evict("o-1")
+	form.Set("reason", "INC-401: wrong price stored")
+	code, body = op.post(preview, "/change", form)
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, "1 evicted")
+	audit, err := b.ledger.Audit(context.Background(), keys.Scope{Tenant: "acme", Operation: "orders.create"}, "o-1")
+	require.NoError(t, err)
+	require.Len(t, audit, 1)
+	require.Equal(t, ledger.ActionEvict, audit[0].Action)
 }
 
 // oncekit ui as a process: it says where it serves, answers the token it is given, and
