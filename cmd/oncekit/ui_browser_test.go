@@ -113,6 +113,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 }
 
 func TestUI_Browser(t *testing.T) {
+	chromiumPath(t) // before anything else: without Chromium, say so at once
 	b := setup(t)
 	ctx := context.Background()
 	b.complete(t, "shop", "orders.create", "order-17", `{"order":17,"card":"4242 4242 4242 4242"}`)
