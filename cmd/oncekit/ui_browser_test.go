@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"go/parser"
+	"go/token"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -236,4 +238,24 @@ func TestUI_Browser(t *testing.T) {
 	step(t, op, "read-only: no action", chromedp.Navigate(ro.url+"/record?"+q("tenant", "shop", "operation", "orders.create", "key", "order-17")),
 		chromedp.WaitVisible("#state"), chromedp.Query("#action", chromedp.NodeNotPresent))
 	require.True(t, strings.Contains(text(t, op, "#who"), "read-only"))
+}
+
+// chromedp is a dependency of the tests alone: no file of the command imports it, so
+// the command's binary does not carry it.
+func TestUI_ChromedpIsTestOnly(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	fset := token.NewFileSet()
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		parsed, err := parser.ParseFile(fset, f, nil, parser.ImportsOnly)
+		require.NoError(t, err)
+		for _, imp := range parsed.Imports {
+			require.NotContains(t, imp.Path.Value, "github.com/chromedp", "%s imports %s", f, imp.Path.Value)
+		}
+	}
 }
