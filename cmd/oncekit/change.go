@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -159,16 +160,27 @@ func (a *app) changeMany(c change, f *filters) error {
 	if err != nil {
 		return err
 	}
+	recs, more, err := chooseMany(a.ctx, l, c, o, f.limit)
+	if err != nil {
+		return err
+	}
+	return a.apply(l, c, recs, more)
+}
+
+// chooseMany returns the records filters o choose that c applies to: pending ones for a
+// release (only those whose lease ran out, unless c.force), completed and failed ones for
+// an eviction; at most limit, and whether more match.
+func chooseMany(ctx context.Context, l *ledger.Ledger, c change, o ledger.ListOpts, limit int) ([]ledger.Record, bool, error) {
 	var states []ledger.State
 	switch {
 	case c.action == ledger.ActionRelease:
 		if o.State != "" && o.State != ledger.StatePending {
-			return usageError{"release applies to pending records: drop --state, or evict instead"}
+			return nil, false, usageError{"release applies to pending records: drop --state, or evict instead"}
 		}
 		states = []ledger.State{ledger.StatePending}
 		o.Stuck = o.Stuck || !c.force // without --force, only those whose lease ran out
 	case o.State == ledger.StatePending:
-		return usageError{"evict applies to completed and failed records: a pending record is released"}
+		return nil, false, usageError{"evict applies to completed and failed records: a pending record is released"}
 	case o.State != "":
 		states = []ledger.State{o.State}
 	default:
@@ -178,53 +190,28 @@ func (a *app) changeMany(c change, f *filters) error {
 	more := false
 	for _, s := range states {
 		o := o
-		o.State, o.Limit = s, f.limit+1
-		got, err := l.List(a.ctx, &o)
+		o.State, o.Limit = s, limit+1
+		got, err := l.List(ctx, &o)
 		if err != nil {
-			return err
+			return nil, false, err
 		}
 		recs = append(recs, got...)
 	}
-	if len(recs) > f.limit {
-		recs, more = recs[:f.limit], true
+	if len(recs) > limit {
+		recs, more = recs[:limit], true
 	}
-	return a.apply(l, c, recs, more)
+	return recs, more, nil
 }
 
 // apply shows the records c would change, and, with --yes, changes each one that is
 // still as shown, keeping its audit row.
 func (a *app) apply(l *ledger.Ledger, c change, recs []ledger.Record, more bool) error {
 	now := a.dbNow()
-	pv := planView{Action: string(c.action), DryRun: !c.yes, Records: []recordView{}, Refused: []refusal{}, Done: []auditView{}, More: more}
-	var targets []ledger.Record
-	for _, r := range recs {
-		v := view(r, false)
-		pv.Records = append(pv.Records, v)
-		if c.action == ledger.ActionRelease && !r.LeaseExpired && !c.force {
-			pv.Refused = append(pv.Refused, refusal{v.Tenant, v.Operation, v.Key,
-				fmt.Sprintf("its lease is live (%s left, owner %s): its attempt may still be running; wait for the lease to run out, or add --force if that owner is known to be gone",
-					r.LeaseUntil.Sub(now).Round(time.Second), r.OwnerToken)})
-			continue
-		}
-		targets = append(targets, r)
+	pv, targets, err := plan(a.ctx, l, c, recs, more, now)
+	if err != nil {
+		return err
 	}
-	if c.yes {
-		for _, r := range targets {
-			r := r
-			entry, err := l.Change(a.ctx, c.action, r.Scope, r.Key, &ledger.ChangeOpts{Actor: c.actor, Reason: c.reason, Force: c.force, Expect: &r})
-			var changed *ledger.RecordChangedError
-			switch {
-			case err == nil:
-				pv.Done = append(pv.Done, auditOf(entry))
-			case errors.Is(err, ledger.ErrNotFound), errors.As(err, &changed):
-				pv.Refused = append(pv.Refused, refusal{r.Scope.Tenant, r.Scope.Operation, string(r.Key),
-					"it changed since it was read, and was left as it is: look at it again"})
-			default:
-				return err
-			}
-		}
-	}
-	err := a.emit(pv, func(w *tabwriter.Writer) { printPlan(w, pv, now) })
+	err = a.emit(pv, func(w *tabwriter.Writer) { printPlan(w, pv, now) })
 	if err != nil {
 		return err
 	}
@@ -243,6 +230,42 @@ func (a *app) apply(l *ledger.Ledger, c change, recs []ledger.Record, more bool)
 		return exitError{exitRefused, fmt.Sprintf("%s refused; see above", plural(len(pv.Refused), "record"))}
 	}
 	return nil
+}
+
+// plan says what c would change among recs, and, with c.yes, changes each record that
+// is still as shown, keeping its audit row. It returns the records it would change or
+// changed.
+func plan(ctx context.Context, l *ledger.Ledger, c change, recs []ledger.Record, more bool, now time.Time) (planView, []ledger.Record, error) {
+	pv := planView{Action: string(c.action), DryRun: !c.yes, Records: []recordView{}, Refused: []refusal{}, Done: []auditView{}, More: more}
+	var targets []ledger.Record
+	for _, r := range recs {
+		v := view(r, false)
+		pv.Records = append(pv.Records, v)
+		if c.action == ledger.ActionRelease && !r.LeaseExpired && !c.force {
+			pv.Refused = append(pv.Refused, refusal{v.Tenant, v.Operation, v.Key,
+				fmt.Sprintf("its lease is live (%s left, owner %s): its attempt may still be running; wait for the lease to run out, or add --force if that owner is known to be gone",
+					r.LeaseUntil.Sub(now).Round(time.Second), r.OwnerToken)})
+			continue
+		}
+		targets = append(targets, r)
+	}
+	if c.yes {
+		for _, r := range targets {
+			r := r
+			entry, err := l.Change(ctx, c.action, r.Scope, r.Key, &ledger.ChangeOpts{Actor: c.actor, Reason: c.reason, Force: c.force, Expect: &r})
+			var changed *ledger.RecordChangedError
+			switch {
+			case err == nil:
+				pv.Done = append(pv.Done, auditOf(entry))
+			case errors.Is(err, ledger.ErrNotFound), errors.As(err, &changed):
+				pv.Refused = append(pv.Refused, refusal{r.Scope.Tenant, r.Scope.Operation, string(r.Key),
+					"it changed since it was read, and was left as it is: look at it again"})
+			default:
+				return pv, nil, err
+			}
+		}
+	}
+	return pv, targets, nil
 }
 
 // missingToAct names what a dry run lacks to act: --yes, and --reason unless given.

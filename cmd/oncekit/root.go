@@ -234,7 +234,7 @@ With --json, output is JSON for scripts, and so is an error on stderr:
 	defer completionExamples(root)
 	root.AddCommand(a.migrateCommand(), a.statusCommand(), a.inspectCommand(), a.listCommand(),
 		a.changeCommand(ledger.ActionRelease), a.changeCommand(ledger.ActionEvict), a.purgeCommand(),
-		a.outboxCommand(), a.inboxCommand(), a.auditCommand(), a.versionCommand())
+		a.outboxCommand(), a.inboxCommand(), a.auditCommand(), a.uiCommand(), a.versionCommand())
 	return root
 }
 
