@@ -268,6 +268,7 @@ func TestRedteamRollbackAnswerLostReturns(t *testing.T) {
 						cancel()
 						t.Fatalf("answers lost after round trip %d (%.60q): Do returned only when the connection was closed, 10s after its context's deadline (%v)", n, at, err)
 					}
+					require.Error(t, err, "fn failed, so Do cannot succeed")
 					cancel()
 					if fired, _ := e.px.disarm(); !fired {
 						return

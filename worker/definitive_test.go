@@ -106,7 +106,8 @@ func TestWorker_DefinitiveFromPlainActivity(t *testing.T) {
 // applicationError returns the first ApplicationError of type typ in err's chain, or nil.
 func applicationError(err error, typ string) *temporal.ApplicationError {
 	for ; err != nil; err = errors.Unwrap(err) {
-		if app, ok := err.(*temporal.ApplicationError); ok && app.Type() == typ {
+		var app *temporal.ApplicationError
+		if errors.As(err, &app) && app.Type() == typ {
 			return app
 		}
 	}

@@ -105,23 +105,21 @@ func (a *app) audit(f auditFlags) error {
 			return usageError{err.Error()}
 		}
 	}
-	now := time.Now()
-	since, err := parseWhen("--since", f.since, now)
-	if err != nil {
+	// Checked before connecting; durations ago are reckoned again below by the
+	// database's clock, as the rows' times are.
+	if _, err := parseWhen("--since", f.since, time.Now()); err != nil {
 		return err
 	}
-	until, err := parseWhen("--until", f.until, now)
-	if err != nil {
+	if _, err := parseWhen("--until", f.until, time.Now()); err != nil {
 		return err
 	}
 	l, err := a.ledger()
 	if err != nil {
 		return err
 	}
-	// Durations ago are reckoned by the database's clock, as the rows' times are.
-	now = a.dbNow()
-	since, _ = parseWhen("--since", f.since, now)
-	until, _ = parseWhen("--until", f.until, now)
+	now := a.dbNow()
+	since, _ := parseWhen("--since", f.since, now)
+	until, _ := parseWhen("--until", f.until, now)
 	var rows []auditRow
 	if records {
 		entries, err := l.ListAudit(a.ctx, &ledger.AuditOpts{Tenant: f.tenant, Operation: f.operation, Key: keys.Key(f.key),

@@ -331,7 +331,7 @@ func TestExitCodesAsDocumented(t *testing.T) {
 	t.Parallel()
 	raw, err := os.ReadFile("../../docs/operating.md")
 	require.NoError(t, err)
-	row := regexp.MustCompile("(?m)^\\| ([0-9]+) \\| (.+) \\|$")
+	row := regexp.MustCompile(`(?m)^\| ([0-9]+) \| (.+) \|$`)
 	documented := map[int]string{}
 	for _, m := range row.FindAllStringSubmatch(string(raw), -1) {
 		code, _ := strconv.Atoi(m[1])

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -141,7 +142,7 @@ func (h *Held) act(ctx context.Context, tb testing.TB, timeout time.Duration, si
 				}
 			}
 		}
-		if err != pgx.ErrNoRows {
+		if !errors.Is(err, pgx.ErrNoRows) {
 			tb.Errorf("pgtest: find a held commit: %v", err)
 			return 0
 		}
