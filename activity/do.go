@@ -19,10 +19,15 @@ type Func[Req, Resp any] func(ctx context.Context, tx pgx.Tx, call Call, req Req
 // Do runs fn once per activity intent and returns its result; a retried attempt of an
 // activity whose earlier attempt committed gets the stored result and fn does not run.
 // The result is stored as JSON, so a replay decodes to a value equal to the first.
+//
+// Called outside an activity, with a nil fn, or with a result that does not encode as
+// JSON, Do fails with a non-retryable ApplicationError of type policy.ErrTypeInvalid;
+// [Opts] says which options fail the same way. The package documentation lists how the
+// ledger's other outcomes reach the workflow.
 func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *Opts) (Resp, error) {
 	var zero Resp
 	if fn == nil {
-		return zero, invalid(ledger.ErrNilFunc)
+		return zero, invalid(errNilFunc)
 	}
 	g, err := newGuard(ctx, req, opts)
 	if err != nil {
@@ -72,7 +77,7 @@ func (g *guard) mode() ledger.Mode {
 // running it. A [Definitive] failure is stored and replayed like Do's.
 func DoErr[Req any](ctx context.Context, req Req, fn func(ctx context.Context, tx pgx.Tx, call Call, req Req) error, opts *Opts) error {
 	if fn == nil {
-		return invalid(ledger.ErrNilFunc)
+		return invalid(errNilFunc)
 	}
 	_, err := Do(ctx, req, func(ctx context.Context, tx pgx.Tx, call Call, req Req) (struct{}, error) {
 		return struct{}{}, fn(ctx, tx, call, req)

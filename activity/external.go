@@ -62,10 +62,14 @@ func NotApplied(err error) error {
 // deadline, and stores the outcome after it. A retry after a crash re-drives the call with
 // the same [Call].DownstreamKey; a retry after completion returns the stored result and
 // does not call.
+//
+// Called outside an activity or with a nil call, External fails with a non-retryable
+// ApplicationError of type policy.ErrTypeInvalid; [Opts] says which options fail the
+// same way.
 func External[Req, Resp any](ctx context.Context, req Req, call CallFunc[Req, Resp], opts *Opts) (Resp, error) {
 	var zero Resp
 	if call == nil {
-		return zero, invalid(ledger.ErrNilFunc)
+		return zero, invalid(errNilFunc)
 	}
 	g, err := newGuard(ctx, req, opts)
 	if err != nil {
@@ -164,7 +168,7 @@ func (g *guard) lease() time.Duration {
 // outcome was recorded returns nil (or the stored [Definitive] failure) without calling.
 func ExternalErr[Req any](ctx context.Context, req Req, call func(ctx context.Context, call Call, req Req) error, opts *Opts) error {
 	if call == nil {
-		return invalid(ledger.ErrNilFunc)
+		return invalid(errNilFunc)
 	}
 	_, err := External(ctx, req, func(ctx context.Context, c Call, req Req) (struct{}, error) {
 		return struct{}{}, call(ctx, c, req)

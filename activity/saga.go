@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	tactivity "go.temporal.io/sdk/activity"
 
+	"github.com/oncekit/oncekit/internal/pgsql"
+	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/saga"
@@ -22,29 +24,29 @@ type Registry interface {
 }
 
 // RegisterSaga registers the activities that package saga records sagas with
-// ([saga.ActivityBegin], [saga.ActivityHold], [saga.ActivityCompensating] and
-// [saga.ActivityEnd]) on r. worker.NewPlugin and the testsuite environments do this; a
+// ([sagarec.ActivityBegin], [sagarec.ActivityHold], [sagarec.ActivityCompensating] and
+// [sagarec.ActivityEnd]) on r. worker.NewPlugin and the testsuite environments do this; a
 // worker built by hand calls it once.
 func RegisterSaga(r Registry) {
-	r.RegisterActivityWithOptions(sagaBegin, tactivity.RegisterOptions{Name: saga.ActivityBegin})
-	r.RegisterActivityWithOptions(sagaHold, tactivity.RegisterOptions{Name: saga.ActivityHold})
-	r.RegisterActivityWithOptions(sagaCompensating, tactivity.RegisterOptions{Name: saga.ActivityCompensating})
-	r.RegisterActivityWithOptions(sagaEnd, tactivity.RegisterOptions{Name: saga.ActivityEnd})
+	r.RegisterActivityWithOptions(sagaBegin, tactivity.RegisterOptions{Name: sagarec.ActivityBegin})
+	r.RegisterActivityWithOptions(sagaHold, tactivity.RegisterOptions{Name: sagarec.ActivityHold})
+	r.RegisterActivityWithOptions(sagaCompensating, tactivity.RegisterOptions{Name: sagarec.ActivityCompensating})
+	r.RegisterActivityWithOptions(sagaEnd, tactivity.RegisterOptions{Name: sagarec.ActivityEnd})
 }
 
-func sagaGuard(ctx context.Context, req saga.BeginRequest) (*guard, error) {
+func sagaGuard(ctx context.Context, req sagarec.BeginRequest) (*guard, error) {
 	g, err := resolve(ctx, Opts{Operation: saga.Operation})
 	if err != nil {
 		return nil, err
 	}
-	g.in.Key, g.in.Fingerprint = req.Key, req.Fingerprint
+	g.in.Key, g.in.Fingerprint = keys.Key(req.Key), keys.Fingerprint(req.Fingerprint)
 	return g, nil
 }
 
 // claimSaga claims the saga's key with the run's token: a fresh key or the run's own
 // claim yields a lease, an ended saga its outcome, and another run in flight a wait
 // (then a ledger.ErrInProgress).
-func claimSaga(ctx context.Context, g *guard, req saga.BeginRequest) (*ledger.Lease, saga.Recorded, error) {
+func claimSaga(ctx context.Context, g *guard, req sagarec.BeginRequest) (*ledger.Lease, sagarec.Recorded, error) {
 	var claim ledger.ClaimResult
 	err := g.waitLoop(ctx, func(wait time.Duration) (err error) {
 		claim, err = g.l.Claim(ctx, g.in, &ledger.ClaimOpts{Wait: wait, Lease: req.Lease, Token: req.Token})
@@ -56,20 +58,20 @@ func claimSaga(ctx context.Context, g *guard, req saga.BeginRequest) (*ledger.Le
 		rec, err := endedWithError(ctx, g, nil, req, derr.Code, derr.Message)
 		return nil, rec, err
 	case err != nil:
-		return nil, saga.Recorded{}, err
+		return nil, sagarec.Recorded{}, err
 	case claim.Lease == nil:
-		return nil, saga.Recorded{Ended: true, Result: claim.Result.Body}, nil
+		return nil, sagarec.Recorded{Ended: true, Result: claim.Result.Body}, nil
 	}
-	return claim.Lease, saga.Recorded{}, nil
+	return claim.Lease, sagarec.Recorded{}, nil
 }
 
 // sagaBegin claims the key, or returns its outcome. As a local activity it does not
 // wait for another run in flight: it answers Held, and the workflow waits through the
 // activity.
-func sagaBegin(ctx context.Context, req saga.BeginRequest) (saga.Recorded, error) {
+func sagaBegin(ctx context.Context, req sagarec.BeginRequest) (sagarec.Recorded, error) {
 	g, err := sagaGuard(ctx, req)
 	if err != nil {
-		return saga.Recorded{}, err
+		return sagarec.Recorded{}, err
 	}
 	local := g.info.IsLocalActivity
 	if local {
@@ -78,9 +80,9 @@ func sagaBegin(ctx context.Context, req saga.BeginRequest) (saga.Recorded, error
 	lease, rec, err := claimSaga(ctx, g, req)
 	switch {
 	case local && errors.Is(err, ledger.ErrInProgress):
-		return saga.Recorded{Held: true}, nil
+		return sagarec.Recorded{Held: true}, nil
 	case err != nil:
-		return saga.Recorded{}, toTemporal(err)
+		return sagarec.Recorded{}, toTemporal(err)
 	case lease == nil:
 		return rec, nil
 	}
@@ -89,15 +91,15 @@ func sagaBegin(ctx context.Context, req saga.BeginRequest) (saga.Recorded, error
 }
 
 // sagaHold renews the run's lease and reports what the key holds.
-func sagaHold(ctx context.Context, req saga.BeginRequest) (saga.Recorded, error) {
+func sagaHold(ctx context.Context, req sagarec.BeginRequest) (sagarec.Recorded, error) {
 	g, err := sagaGuard(ctx, req)
 	if err != nil {
-		return saga.Recorded{}, err
+		return sagarec.Recorded{}, err
 	}
 	if err := g.l.Extend(ctx, sagaLease(g, req), req.Lease); err != nil {
 		return notHeld(ctx, g, nil, req, err)
 	}
-	var rec saga.Recorded
+	var rec sagarec.Recorded
 	rec.Compensating, err = readCompensating(ctx, g, nil, req)
 	return rec, err
 }
@@ -105,16 +107,16 @@ func sagaHold(ctx context.Context, req saga.BeginRequest) (saga.Recorded, error)
 // sagaCompensating records that the saga is compensating, unless a run of it did first,
 // and returns the record in effect. The saga's row is locked meanwhile (by renewing its
 // lease in the same transaction), so that End cannot record a success beside it.
-func sagaCompensating(ctx context.Context, req saga.CompensatingRequest) (saga.Recorded, error) {
+func sagaCompensating(ctx context.Context, req sagarec.CompensatingRequest) (sagarec.Recorded, error) {
 	g, err := sagaGuard(ctx, req.BeginRequest)
 	if err != nil {
-		return saga.Recorded{}, err
+		return sagarec.Recorded{}, err
 	}
 	body, err := json.Marshal(req.Compensating)
 	if err != nil {
-		return saga.Recorded{}, invalid(err)
+		return sagarec.Recorded{}, invalid(err)
 	}
-	var rec saga.Recorded
+	var rec sagarec.Recorded
 	err = inTx(ctx, g, func(tx pgx.Tx) error {
 		if err := g.l.ExtendTx(ctx, tx, sagaLease(g, req.BeginRequest), req.Lease); err != nil {
 			rec, err = notHeld(ctx, g, tx, req.BeginRequest, err)
@@ -127,7 +129,7 @@ func sagaCompensating(ctx context.Context, req saga.CompensatingRequest) (saga.R
 		if err != nil {
 			return err
 		}
-		claim, err := g.l.ClaimTx(ctx, tx, ledger.Intent{Scope: g.in.Scope, Key: key, Fingerprint: req.Fingerprint},
+		claim, err := g.l.ClaimTx(ctx, tx, ledger.Intent{Scope: g.in.Scope, Key: key, Fingerprint: keys.Fingerprint(req.Fingerprint)},
 			&ledger.ClaimOpts{Token: req.Token, Lease: req.Lease})
 		if err != nil {
 			return toTemporal(err)
@@ -149,14 +151,14 @@ func sagaCompensating(ctx context.Context, req saga.CompensatingRequest) (saga.R
 // sagaEnd records the saga's outcome, and returns what the key holds: the outcome (this
 // one, or one recorded before), or, for a success, that a run of the saga began
 // compensating, in which case nothing is recorded and the saga must compensate.
-func sagaEnd(ctx context.Context, req saga.EndRequest) (saga.Recorded, error) {
+func sagaEnd(ctx context.Context, req sagarec.EndRequest) (sagarec.Recorded, error) {
 	g, err := sagaGuard(ctx, req.BeginRequest)
 	if err != nil {
-		return saga.Recorded{}, err
+		return sagarec.Recorded{}, err
 	}
 	lease, rec, err := claimSaga(ctx, g, req.BeginRequest)
 	if err != nil {
-		return saga.Recorded{}, toTemporal(err)
+		return sagarec.Recorded{}, toTemporal(err)
 	}
 	if lease == nil {
 		return rec, nil // recorded already: by an earlier attempt of this End, or another run
@@ -171,7 +173,7 @@ func sagaEnd(ctx context.Context, req saga.EndRequest) (saga.Recorded, error) {
 		if out.ErrType == "" {
 			c, err := readCompensating(ctx, g, tx, req.BeginRequest)
 			if err != nil || c != nil {
-				out = saga.Recorded{Compensating: c}
+				out = sagarec.Recorded{Compensating: c}
 				return err
 			}
 			_, err = g.l.CompleteTx(ctx, tx, lease, ledger.Response{Body: out.Result})
@@ -183,39 +185,39 @@ func sagaEnd(ctx context.Context, req saga.EndRequest) (saga.Recorded, error) {
 }
 
 // sagaLease is the run's lease on the saga's key, as its token names it.
-func sagaLease(g *guard, req saga.BeginRequest) *ledger.Lease {
+func sagaLease(g *guard, req sagarec.BeginRequest) *ledger.Lease {
 	return &ledger.Lease{Intent: g.in, Token: req.Token}
 }
 
 // notHeld turns a lease the run no longer holds into what the key holds now: the
 // recorded outcome, or another run's claim; through tx when it is set.
-func notHeld(ctx context.Context, g *guard, tx pgx.Tx, req saga.BeginRequest, err error) (saga.Recorded, error) {
+func notHeld(ctx context.Context, g *guard, tx pgx.Tx, req sagarec.BeginRequest, err error) (sagarec.Recorded, error) {
 	var lost *ledger.LeaseLostError
 	if !errors.As(err, &lost) {
-		return saga.Recorded{}, toTemporal(err)
+		return sagarec.Recorded{}, toTemporal(err)
 	}
 	cur := lost.Current
 	switch {
 	case cur == nil || cur.Expired || cur.State == ledger.StatePending:
-		return saga.Recorded{Held: true}, nil
+		return sagarec.Recorded{Held: true}, nil
 	case cur.State == ledger.StateFailed:
 		return endedWithError(ctx, g, tx, req, cur.ErrorCode, cur.ErrorMessage)
 	}
-	return saga.Recorded{Ended: true, Result: cur.Response.Body}, nil
+	return sagarec.Recorded{Ended: true, Result: cur.Response.Body}, nil
 }
 
 // endedWithError is a saga recorded as failed, with the record it compensated under,
 // whose cause the replayed error carries; through tx when it is set.
-func endedWithError(ctx context.Context, g *guard, tx pgx.Tx, req saga.BeginRequest, code, msg string) (saga.Recorded, error) {
+func endedWithError(ctx context.Context, g *guard, tx pgx.Tx, req sagarec.BeginRequest, code, msg string) (sagarec.Recorded, error) {
 	c, err := readCompensating(ctx, g, tx, req)
 	if err != nil {
-		return saga.Recorded{}, err
+		return sagarec.Recorded{}, err
 	}
-	return saga.Recorded{Ended: true, ErrType: code, ErrMessage: msg, Compensating: c}, nil
+	return sagarec.Recorded{Ended: true, ErrType: code, ErrMessage: msg, Compensating: c}, nil
 }
 
-func compensatingKey(req saga.BeginRequest) (keys.Key, error) {
-	k, err := keys.Derive(req.Key, saga.CompensatingPurpose)
+func compensatingKey(req sagarec.BeginRequest) (keys.Key, error) {
+	k, err := keys.Derive(keys.Key(req.Key), sagarec.CompensatingPurpose)
 	if err != nil {
 		return "", invalid(err)
 	}
@@ -224,7 +226,7 @@ func compensatingKey(req saga.BeginRequest) (keys.Key, error) {
 
 // readCompensating returns the record that the saga began compensating, or nil; through
 // tx when it is set.
-func readCompensating(ctx context.Context, g *guard, tx pgx.Tx, req saga.BeginRequest) (*saga.Compensating, error) {
+func readCompensating(ctx context.Context, g *guard, tx pgx.Tx, req sagarec.BeginRequest) (*sagarec.Compensating, error) {
 	key, err := compensatingKey(req)
 	if err != nil {
 		return nil, err
@@ -246,8 +248,8 @@ func readCompensating(ctx context.Context, g *guard, tx pgx.Tx, req saga.BeginRe
 	return decodeCompensating(r.Response.Body)
 }
 
-func decodeCompensating(body []byte) (*saga.Compensating, error) {
-	var c saga.Compensating
+func decodeCompensating(body []byte) (*sagarec.Compensating, error) {
+	var c sagarec.Compensating
 	if err := json.Unmarshal(body, &c); err != nil {
 		return nil, invalid(fmt.Errorf("oncekit/activity: the saga's compensating record does not decode: %w", err))
 	}
@@ -269,7 +271,13 @@ func inTx(ctx context.Context, g *guard, fn func(tx pgx.Tx) error) error {
 	if err := fn(tx); err != nil {
 		return err
 	}
-	return tx.Commit(ctx)
+	if err := tx.Commit(ctx); pgsql.CommitUnknown(err) {
+		// The saga's record may have committed: a retry reads it, never a rollback.
+		return toTemporal(&ledger.OutcomeUnknownError{Scope: g.in.Scope, Key: g.in.Key, Err: err})
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
 // StepState is what the ledger holds for the saga step a compensation undoes.
@@ -334,6 +342,10 @@ type StepRecord struct {
 // registered name or by function. Set Opts.Operation when the step's activity records
 // under another operation (its own Opts.Operation). Opts.Key, Strategy and Wait do not
 // apply.
+//
+// Called from an activity that is not a saga compensation (its context carries no
+// step), StepResult fails with a non-retryable ApplicationError of type
+// policy.ErrTypeInvalid, as it does when the stored result does not decode into out.
 func StepResult(ctx context.Context, out any, opts *Opts) (StepRecord, error) {
 	o := Opts{}
 	if opts != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/oncekit/oncekit/activity"
 	"github.com/oncekit/oncekit/devenv"
+	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/saga"
@@ -21,14 +22,14 @@ import (
 
 // recordEnv runs the saga's record activities against l, one environment per call, so
 // that calls can race.
-func recordEnv(l *ledger.Ledger) func(name string, arg any) (saga.Recorded, error) {
-	return func(name string, arg any) (saga.Recorded, error) {
+func recordEnv(l *ledger.Ledger) func(name string, arg any) (sagarec.Recorded, error) {
+	return func(name string, arg any) (sagarec.Recorded, error) {
 		var s ttestsuite.WorkflowTestSuite
 		s.SetLogger(devenv.QuietLogger())
 		env := s.NewTestActivityEnvironment()
 		env.SetWorkerOptions(tworker.Options{BackgroundActivityContext: keys.WithTenant(activity.WithLedger(context.Background(), l), "acme")})
 		activity.RegisterSaga(env)
-		var r saga.Recorded
+		var r sagarec.Recorded
 		v, err := env.ExecuteActivity(name, arg)
 		if err == nil {
 			err = v.Get(&r)
@@ -49,12 +50,12 @@ func TestSagaRecord_EndAndCompensatingExcludeEachOther(t *testing.T) {
 	fp, err := keys.FingerprintJSON("order")
 	require.NoError(t, err)
 	for round := range 10 {
-		req := saga.BeginRequest{Key: keys.Key(fmt.Sprintf("race-%d", round)), Token: uuid.New(), Lease: time.Minute, Fingerprint: fp}
-		begun, err := run(saga.ActivityBegin, req)
+		req := sagarec.BeginRequest{Key: fmt.Sprintf("race-%d", round), Token: uuid.New(), Lease: time.Minute, Fingerprint: string(fp)}
+		begun, err := run(sagarec.ActivityBegin, req)
 		require.NoError(t, err)
-		require.Equal(t, saga.Recorded{}, begun, "the run claims the key")
+		require.Equal(t, sagarec.Recorded{}, begun, "the run claims the key")
 		const racers = 8
-		answers := make([]saga.Recorded, racers)
+		answers := make([]sagarec.Recorded, racers)
 		errs := make([]error, racers)
 		var wg sync.WaitGroup
 		for i := range racers {
@@ -62,10 +63,10 @@ func TestSagaRecord_EndAndCompensatingExcludeEachOther(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				if i%2 == 0 {
-					answers[i], errs[i] = run(saga.ActivityEnd, saga.EndRequest{BeginRequest: req, Outcome: saga.Recorded{Ended: true, Result: []byte(`"done"`)}})
+					answers[i], errs[i] = run(sagarec.ActivityEnd, sagarec.EndRequest{BeginRequest: req, Outcome: sagarec.Recorded{Ended: true, Result: []byte(`"done"`)}})
 				} else {
-					answers[i], errs[i] = run(saga.ActivityCompensating, saga.CompensatingRequest{BeginRequest: req,
-						Compensating: saga.Compensating{ErrMessage: "the step failed", Steps: []string{"charge"}}})
+					answers[i], errs[i] = run(sagarec.ActivityCompensating, sagarec.CompensatingRequest{BeginRequest: req,
+						Compensating: sagarec.Compensating{ErrMessage: "the step failed", Steps: []string{"charge"}}})
 				}
 			}()
 		}
@@ -74,9 +75,9 @@ func TestSagaRecord_EndAndCompensatingExcludeEachOther(t *testing.T) {
 			require.NoError(t, err)
 		}
 
-		rec, err := l.Get(context.Background(), scope, req.Key)
+		rec, err := l.Get(context.Background(), scope, keys.Key(req.Key))
 		require.NoError(t, err)
-		markerKey, err := keys.Derive(req.Key, saga.CompensatingPurpose)
+		markerKey, err := keys.Derive(keys.Key(req.Key), sagarec.CompensatingPurpose)
 		require.NoError(t, err)
 		_, err = l.Get(context.Background(), scope, markerKey)
 		compensating := err == nil

@@ -14,6 +14,7 @@ import (
 	"github.com/oncekit/oncekit/activity"
 	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/internal/pgtest"
+	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/saga"
@@ -63,11 +64,11 @@ func TestSharded_ActivityAndSagaRecordOnTheTenantsShard(t *testing.T) {
 		}
 		fp, err := keys.FingerprintJSON("order")
 		require.NoError(t, err)
-		req := saga.BeginRequest{Key: keys.Key("saga-" + tenant), Token: uuid.New(), Lease: time.Minute, Fingerprint: fp}
-		_, err = env.ExecuteActivity(saga.ActivityBegin, req)
+		req := sagarec.BeginRequest{Key: "saga-" + tenant, Token: uuid.New(), Lease: time.Minute, Fingerprint: string(fp)}
+		_, err = env.ExecuteActivity(sagarec.ActivityBegin, req)
 		require.NoError(t, err)
-		_, err = env.ExecuteActivity(saga.ActivityCompensating, saga.CompensatingRequest{BeginRequest: req,
-			Compensating: saga.Compensating{ErrMessage: "the step failed", Steps: []string{"reserve"}}})
+		_, err = env.ExecuteActivity(sagarec.ActivityCompensating, sagarec.CompensatingRequest{BeginRequest: req,
+			Compensating: sagarec.Compensating{ErrMessage: "the step failed", Steps: []string{"reserve"}}})
 		require.NoError(t, err)
 		for j, p := range pools {
 			want := 0

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -39,5 +40,28 @@ func TestMiddleware_CommittedThenFatalIsUnknown(t *testing.T) {
 	retry := b.post(t, "acme", "k-lost", `{"item":"lamp"}`)
 	require.Equal(t, http.StatusCreated, retry.status, string(retry.body))
 	require.Equal(t, 1, b.orders(t))
+	require.EqualValues(t, 1, b.handlerCalls())
+}
+
+// A failure stored before failures had a response of their own kept the response in
+// base64 in its message: it still replays, byte for byte.
+func TestMiddleware_LegacyStoredFailureReplays(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	first := b.post(t, "acme", "k-legacy", `{"item":""}`)
+	require.Equal(t, http.StatusUnprocessableEntity, first.status, string(first.body))
+	// The record as an earlier version wrote a stored failure: no status or body, the
+	// stored response in base64 in the message.
+	tag, err := b.pool.Exec(context.Background(), `UPDATE `+pgx.Identifier{b.schema, "idempotency_records"}.Sanitize()+
+		` SET state = 'failed', error_code = 'http_422', error_message = encode(body, 'base64'), status_code = 0, body = NULL
+		WHERE key = 'k-legacy'`)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+
+	r := b.post(t, "acme", "k-legacy", `{"item":""}`)
+	require.Equal(t, http.StatusUnprocessableEntity, r.status, string(r.body))
+	require.Equal(t, first.body, r.body)
+	require.Equal(t, first.header.Get("Content-Type"), r.header.Get("Content-Type"))
+	require.Equal(t, "true", r.header.Get("Idempotency-Replayed"))
 	require.EqualValues(t, 1, b.handlerCalls())
 }

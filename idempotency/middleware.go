@@ -317,7 +317,8 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 				return ledger.Response{}, errSuccessNotCommitted{rec}
 			}
 			answered = rec
-			return ledger.Response{}, &ledger.DefinitiveError{Code: failureCode(rec.status), Message: base64.StdEncoding.EncodeToString(rec.buf)}
+			return ledger.Response{}, &ledger.DefinitiveError{Code: failureCode(rec.status), Message: http.StatusText(rec.status),
+				Response: &ledger.Response{Code: rec.status, Body: rec.buf}}
 		}
 		answered = rec
 		return ledger.Response{Code: rec.status, Body: rec.buf}, nil
@@ -334,7 +335,11 @@ func (c *Config) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		c.replay(w, res.Code, res.Body, res.Replayed)
 	case errors.As(err, &derr) && !derr.Replayed && answered != nil:
 		answered.writeTo(w) // the failure is committed
+	case errors.As(err, &derr) && derr.Response != nil:
+		c.replay(w, derr.Response.Code, derr.Response.Body, derr.Replayed)
 	case errors.As(err, &derr):
+		// A failure stored before failures had a response of their own: its body is
+		// base64 in the message.
 		status, ok := failureStatus(derr.Code)
 		stored, decodeErr := base64.StdEncoding.DecodeString(derr.Message)
 		if !ok || decodeErr != nil {
@@ -384,8 +389,9 @@ func statementFailed(tx pgx.Tx) bool {
 	return tx.Conn().PgConn().TxStatus() == 'E'
 }
 
-// failurePrefix begins the code of a stored failure: "http_422". The failure's message
-// is the stored response (see [recorder]) in base64, since a failure's message is text.
+// failurePrefix begins the code of a stored failure: "http_422". The failure's response
+// (see [recorder]) is stored with it; a failure stored before failures had one kept it in
+// base64 in the message, and still replays.
 const failurePrefix = "http_"
 
 func failureCode(status int) string { return failurePrefix + strconv.Itoa(status) }

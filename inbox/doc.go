@@ -15,9 +15,22 @@
 // first statement instead, two round trips in all; the handler is then called for a
 // duplicate too, and its statements return [ErrDuplicate] without running.
 //
+// # Why the choice is in Config, and defaults the other way round
+//
+// The ledger's default sends the claim with the mutation's first statement, and
+// DoOpts.Mode picks per call. The inbox's default answers first, and the mode is set
+// once per [Inbox]. A handler is called by a consumer loop for every message of a
+// subscription, not by the code that knows what one call does: whether a handler may
+// be called for a duplicate (it logs, calls an API, or counts before its first
+// statement) is a property of the handler, fixed when it is written, so it is fixed
+// with the Inbox it is given to; two kinds of handler on one pool take two Inboxes. And
+// a broker's redelivery is the common case rather than the exception it is for a
+// client's retry, so the default is the mode that never calls a handler for a
+// duplicate, whatever the handler does before its first statement.
+//
 // # Why the inbox has a table of its own
 //
-// The ledger's local mode could hold these records (the subscriber as the tenant, the
+// The ledger's Do could hold these records (the subscriber as the tenant, the
 // message ID as the key), but its claim is made for intents that carry a payload and a
 // result: a transaction-scoped advisory lock, a look for a live record, and the record
 // with its fingerprint and response written at commit. A message needs none of that: its

@@ -312,6 +312,8 @@ func rollback(ctx context.Context, c *pgx.Conn) error {
 	if c.PgConn().TxStatus() == 'I' {
 		return nil
 	}
+	ctx, cancel := pgsql.Cleanup(ctx)
+	defer cancel()
 	_, err := c.Exec(ctx, "ROLLBACK")
 	return err
 }
@@ -358,16 +360,20 @@ func (ib *Inbox) pipe(via pipetx.Sender, begin bool, subscriber, messageID strin
 // failure, roll back on any other error.
 func (ib *Inbox) run(ctx context.Context, tx pgx.Tx, subscriber, messageID string, fn HandlerFunc,
 	finish, rollback func(context.Context) error) (res Result, err error) {
-	cleanup := context.WithoutCancel(ctx)
+	undo := func() error {
+		cleanup, cancel := pgsql.Cleanup(ctx)
+		defer cancel()
+		return rollback(cleanup)
+	}
 	fail := func(err error) (Result, error) {
-		if rbErr := rollback(cleanup); rbErr != nil {
+		if rbErr := undo(); rbErr != nil {
 			return Result{}, errors.Join(err, rbErr)
 		}
 		return Result{}, err
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			_ = rollback(cleanup)
+			_ = undo()
 			panic(p)
 		}
 	}()

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -61,4 +62,56 @@ func (ib *Inbox) Stats(ctx context.Context) ([]SubscriberStats, error) {
 	}
 	slices.SortFunc(stats, func(a, b SubscriberStats) int { return strings.Compare(a.Subscriber, b.Subscriber) })
 	return stats, nil
+}
+
+// ErrNotFound: the inbox holds no record of the message.
+var ErrNotFound = errors.New("oncekit/inbox: no record of this message")
+
+// Record is one message's record, for operators.
+type Record struct {
+	Subscriber, MessageID string
+	// State is "processed", or "rejected" for a message the handler refused for good.
+	State string
+	// Error is the rejection's reason; "" for a processed message.
+	Error string
+	// ReceivedAt is when the record was written; ExpiresAt when it stops counting, and
+	// Expired whether it has: an expired record counts as absent, and the message would
+	// be handled again.
+	ReceivedAt, ExpiresAt time.Time
+	Expired               bool
+}
+
+// Get returns the record of the message with messageID that subscriber received, looking
+// on every shard, or [ErrNotFound]. A message whose handler failed leaves no record: it
+// is handled again on redelivery.
+func (ib *Inbox) Get(ctx context.Context, subscriber, messageID string) (*Record, error) {
+	var found *Record
+	err := ib.r.Each(func(s shard.Shard) error {
+		if found != nil {
+			return nil
+		}
+		r := Record{Subscriber: subscriber, MessageID: messageID}
+		var reason *string
+		err := s.Pool.QueryRow(ctx, `SELECT state, error, received_at, expires_at, expires_at <= now()
+			FROM `+pgx.Identifier{ib.cfg.Schema, "inbox_messages"}.Sanitize()+` WHERE subscriber = $1 AND message_id = $2`,
+			subscriber, messageID).Scan(&r.State, &reason, &r.ReceivedAt, &r.ExpiresAt, &r.Expired)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if reason != nil {
+			r.Error = *reason
+		}
+		found = &r
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("oncekit/inbox: get %q of %q: %w", messageID, subscriber, err)
+	}
+	if found == nil {
+		return nil, ErrNotFound
+	}
+	return found, nil
 }

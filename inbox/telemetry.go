@@ -56,14 +56,16 @@ func (t *telemetry) message(ctx context.Context, subscriber string, res Result, 
 	t.messages.Add(ctx, 1, metric.WithAttributes(attribute.String(AttrSubscriber, subscriber), attribute.String(AttrOutcome, outcome(res, err))))
 }
 
+// outcome names what became of a message. A first rejection returns the handler's
+// definitive error beside Result.Rejected: it is a rejection, not an error.
 func outcome(res Result, err error) string {
 	switch {
-	case err != nil:
-		return "error"
 	case res.Duplicate:
 		return "duplicate"
 	case res.Rejected:
 		return "rejected"
+	case err != nil:
+		return "error"
 	}
 	return "handled"
 }

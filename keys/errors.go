@@ -52,6 +52,11 @@ func (e *ValidationError) Error() string {
 	case errors.Is(e.Err, ErrInvalidByte) && e.Field == "purpose":
 		return fmt.Sprintf("oncekit/keys: purpose %q has byte %#02x at offset %d: use letters, digits, '-', '_' and '.'",
 			e.Value, e.Byte, e.Offset)
+	case errors.Is(e.Err, ErrInvalidFingerprint) && e.Len == 0:
+		return fmt.Sprintf("oncekit/keys: %s is empty: make one from the request with keys.FingerprintJSON(request) or keys.FingerprintBytes(body)", e.Field)
+	case errors.Is(e.Err, ErrInvalidFingerprint):
+		return fmt.Sprintf("oncekit/keys: %s %q is not a fingerprint (\"v1:\" and 64 lowercase hex digits): make one with keys.FingerprintJSON or keys.FingerprintBytes",
+			e.Field, e.Value)
 	case errors.Is(e.Err, ErrInvalidByte):
 		return fmt.Sprintf("oncekit/keys: %s %q has byte %#02x at offset %d: only printable ASCII (0x20-0x7e) is allowed",
 			e.Field, e.Value, e.Byte, e.Offset)

@@ -33,7 +33,7 @@ type ClaimOpts struct {
 	Token uuid.UUID
 }
 
-// Lease is an owned claim on a key in the external-effect mode. Only the holder of the
+// Lease is an owned claim on a key by Claim. Only the holder of the
 // lease's token may complete, fail or release the record.
 type Lease struct {
 	Intent
@@ -89,6 +89,7 @@ func (l *Ledger) ClaimTx(ctx context.Context, tx pgx.Tx, in Intent, opts *ClaimO
 
 func (l *Ledger) instrumentedClaim(ctx context.Context, q querier, in Intent, opts *ClaimOpts) (res ClaimResult, err error) {
 	ctx, c := l.tel.begin(ctx, "Claim", in.Scope)
+	defer func() { err = l.named(in.Scope.Tenant, err) }()
 	defer func() {
 		outcome := doOutcome(res.Result, err)
 		if res.Lease != nil && res.Lease.Redrive {
@@ -111,7 +112,7 @@ func (l *Ledger) finish(ctx context.Context, name string, lease *Lease, ok strin
 	ctx, c := l.tel.begin(ctx, name, scope)
 	err := f(ctx)
 	c.end(finishOutcome(ok, err), err)
-	return err
+	return l.named(scope.Tenant, err)
 }
 
 func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpts) (ClaimResult, error) {
@@ -320,7 +321,13 @@ func (l *Ledger) fail(ctx context.Context, q querier, lease *Lease, derr *Defini
 	}
 	var attempts int32
 	var created time.Time
-	err := q.QueryRow(ctx, l.q.fail, l.leaseArgs(lease, derr.Code, derr.Message)...).Scan(&attempts, &created)
+	if derr.Response != nil {
+		if err := l.checkResponse(*derr.Response); err != nil {
+			return err
+		}
+	}
+	code, body := failureResponse(derr)
+	err := q.QueryRow(ctx, l.q.fail, l.leaseArgs(lease, derr.Code, derr.Message, code, body)...).Scan(&attempts, &created)
 	if err != nil {
 		return l.finishErr(ctx, q, lease, err)
 	}
@@ -397,7 +404,11 @@ func (l *Ledger) markUncertain(ctx context.Context, q querier, lease *Lease) err
 // Extend renews the lease for d from now, for a call that takes longer than planned.
 // It updates lease.Until.
 func (l *Ledger) Extend(ctx context.Context, lease *Lease, d time.Duration) error {
-	return l.onLease(lease, func(q querier) error { return l.extend(ctx, q, lease, d) })
+	err := l.onLease(lease, func(q querier) error { return l.extend(ctx, q, lease, d) })
+	if lease != nil {
+		err = l.named(lease.Scope.Tenant, err)
+	}
+	return err
 }
 
 // ExtendTx is [Ledger.Extend] inside the caller's transaction.

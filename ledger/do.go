@@ -15,10 +15,26 @@ import (
 	"github.com/oncekit/oncekit/keys"
 )
 
-// Intent identifies one business intent and the payload it was made with.
+// Intent identifies one business intent and the payload it was made with. Every field
+// is required, and the zero Intent is refused: [Ledger.Do], [Ledger.DoTx],
+// [Ledger.Claim] and [Ledger.ClaimTx] check it before any SQL and return a
+// [*keys.ValidationError] whose Field names what is wrong.
 type Intent struct {
-	Scope       keys.Scope
-	Key         keys.Key
+	// Scope is the tenant and the operation the key belongs to, each 1 to
+	// keys.MaxScopeLen bytes of printable ASCII; otherwise a *keys.ValidationError
+	// wrapping keys.ErrEmpty, keys.ErrTooLong or keys.ErrInvalidByte.
+	Scope keys.Scope
+	// Key names the intent within Scope, such as the key keys.Business returns: 1 to
+	// [Config].MaxKeyLen bytes (keys.MaxLenDefault by default) of printable ASCII;
+	// otherwise a *keys.ValidationError with Field "key".
+	Key keys.Key
+	// Fingerprint identifies the request the intent was made with: make it with
+	// keys.FingerprintJSON(req) or keys.FingerprintBytes(body). The same Key with
+	// another Fingerprint is refused with a [*FingerprintMismatchError]. There is no
+	// default, since an empty fingerprint would make every request under a key look the
+	// same: an empty or malformed one is a *keys.ValidationError wrapping
+	// keys.ErrInvalidFingerprint, whose message names Intent.Fingerprint and says how to
+	// make one.
 	Fingerprint keys.Fingerprint
 }
 
@@ -41,21 +57,20 @@ type Func func(ctx context.Context, tx pgx.Tx) (Response, error)
 type Mode int
 
 const (
-	// ModeDefault, the zero Mode, is [ModeClaimWithFirstStatement]: of the modes that
-	// never run fn's statements for a taken key, the one that costs least.
-	ModeDefault Mode = iota
-	// ModeClaimWithFirstStatement sends the claim in the round trip of fn's first
-	// statement, and the record with COMMIT: a first execution whose fn sends one
-	// statement takes two round trips, those of the bare transaction less BEGIN's. fn is
-	// called before the claim's answer is known. When the key is taken, fn's first
-	// statement does not run: the call waits for the key as Wait allows and, when the
-	// attempt holding it fails, takes it and runs the statement then; when the key's
-	// record decides the call (a replay, a stored failure, a reused key, or in progress
-	// past the wait), the statement and every later one return an error without running,
-	// and the call returns the record's answer whatever fn returns. So fn must act
-	// through tx: anything it does before its first statement happens even for a call
-	// that replays. A replay takes three round trips.
-	ModeClaimWithFirstStatement
+	// ModeClaimWithFirstStatement, the zero Mode and so the default, sends the claim in
+	// the round trip of fn's first statement, and the record with COMMIT: a first
+	// execution whose fn sends one statement takes two round trips, those of the bare
+	// transaction less BEGIN's. Of the modes that never run fn's statements for a taken
+	// key, it costs least. fn is called before the claim's answer is known. When the key
+	// is taken, fn's first statement does not run: the call waits for the key as Wait
+	// allows and, when the attempt holding it fails, takes it and runs the statement
+	// then; when the key's record decides the call (a replay, a stored failure, a reused
+	// key, or in progress past the wait), the statement and every later one return an
+	// error without running, and the call returns the record's answer whatever fn
+	// returns. So fn must act through tx: anything it does before its first statement
+	// happens even for a call that replays. A replay takes two round trips: the claim,
+	// which reads the key's record in its own round trip, and the rollback.
+	ModeClaimWithFirstStatement Mode = iota
 	// ModeClaimFirst claims the key, and waits for the answer, before fn is called:
 	// fn is never called for a key another attempt holds or completed. A first
 	// execution takes one round trip more than ModeClaimWithFirstStatement, a replay
@@ -80,7 +95,7 @@ const (
 	ModeOptimistic
 )
 
-var modeNames = [...]string{"default", "claim_with_first_statement", "claim_first", "look_up_first", "optimistic"}
+var modeNames = [...]string{"claim_with_first_statement", "claim_first", "look_up_first", "optimistic"}
 
 func (m Mode) String() string {
 	if m < 0 || int(m) >= len(modeNames) {
@@ -92,7 +107,9 @@ func (m Mode) String() string {
 // DoOpts are per-call options of [Ledger.Do] and [Ledger.DoTx]. A nil *DoOpts means
 // all defaults.
 type DoOpts struct {
-	// Mode is how the call claims its key. Defaults to [ModeDefault].
+	// Mode is how the call claims its key. Defaults to [ModeClaimWithFirstStatement],
+	// the zero Mode; a value that is not one of the Mode constants is refused with an
+	// error before any SQL.
 	Mode Mode
 	// Wait bounds how long the call waits for a concurrent attempt with the same key.
 	// When that attempt completes in time its result is replayed; when it fails, this
@@ -102,7 +119,8 @@ type DoOpts struct {
 	// it. Defaults to 0: fail fast, as [NoWait] (any negative value) does.
 	Wait time.Duration
 	// Retention overrides how long this record is kept. Defaults to the operation's
-	// retention from [Config].
+	// retention from [Config] (Config.OperationRetention, then Config.Retention, then
+	// [RetentionDefault]); a negative value is refused with an error before any SQL.
 	Retention time.Duration
 }
 
@@ -115,11 +133,14 @@ type DoOpts struct {
 // fingerprint returns a [*FingerprintMismatchError], and nothing commits either.
 // [DoOpts].Mode says when the claim's answer arrives, and so what such a call costs and
 // whether fn is called at all: in [ModeLookUpFirst] a replay takes one round trip and
-// neither locks nor writes; in the default mode it takes three, and fn's statements do
+// neither locks nor writes; in the default mode it takes two, and fn's statements do
 // not run.
 func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (res Result, err error) {
 	ctx, c := l.tel.begin(ctx, "Do", in.Scope)
-	defer func() { c.end(doOutcome(res, err), err) }()
+	defer func() {
+		c.end(doOutcome(res, err), err)
+		err = l.named(in.Scope.Tenant, err)
+	}()
 	o := doOpts(opts)
 	if err := l.precheck(ctx, in, fn, o); err != nil {
 		return Result{}, err
@@ -152,7 +173,10 @@ func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (res 
 // claim: ModeOptimistic in Do, or [Ledger.Claim].
 func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, in Intent, fn Func, opts *DoOpts) (res Result, err error) {
 	ctx, c := l.tel.begin(ctx, "DoTx", in.Scope)
-	defer func() { c.end(doOutcome(res, err), err) }()
+	defer func() {
+		c.end(doOutcome(res, err), err)
+		err = l.named(in.Scope.Tenant, err)
+	}()
 	o := doOpts(opts)
 	if err := l.precheck(ctx, in, fn, o); err != nil {
 		return Result{}, err
@@ -182,12 +206,12 @@ func (l *Ledger) precheck(ctx context.Context, in Intent, fn Func, o DoOpts) err
 		return err
 	}
 	if fn == nil {
-		return ErrNilFunc
+		return errNilFunc
 	}
 	if o.Retention < 0 {
 		return errors.New("oncekit/ledger: DoOpts.Retention must not be negative")
 	}
-	if o.Mode < ModeDefault || o.Mode > ModeOptimistic {
+	if o.Mode < ModeClaimWithFirstStatement || o.Mode > ModeOptimistic {
 		return fmt.Errorf("oncekit/ledger: DoOpts.Mode %d is not a Mode: use one of the Mode constants", int(o.Mode))
 	}
 	return ctx.Err()
@@ -277,7 +301,7 @@ func (a *attempt) decide(res Result, err error) error {
 }
 
 // settle decides the call by the key's current record. With wait set, a pending
-// external-mode record is waited for, polling, within the call's wait.
+// record of Claim is waited for, polling, within the call's wait.
 func (a *attempt) settle(ctx context.Context, wait bool) (Result, freedom, error) {
 	return a.settleExpired(ctx, wait, false)
 }
@@ -301,12 +325,12 @@ func (a *attempt) onRefused(ctx context.Context) (*pipetx.Resume, error) {
 	if err := a.lt.abort(context.WithoutCancel(ctx), a.p); err != nil {
 		return nil, a.decide(Result{}, fmt.Errorf("oncekit/ledger: roll back the refused claim of %s in %s: %w", quoteKey(a.in.Key), a.in.Scope, err))
 	}
-	res, free, err := a.settle(ctx, true)
+	res, free, err := a.settleRefused(ctx)
 	switch free {
 	case notFree:
 		return nil, a.decide(res, err)
 	case freeLeaseExpired:
-		// A lapsed external-mode claim: only Claim may take it over.
+		// A lapsed claim of Claim: only Claim may take it over.
 		return nil, a.decide(Result{}, a.inProgress())
 	}
 	// No live record, so an attempt in flight holds the key's lock: wait for it.
@@ -334,6 +358,26 @@ func (a *attempt) onRefused(ctx context.Context) (*pipetx.Resume, error) {
 		return nil, a.decide(Result{}, a.gaveUp(byCtx))
 	}
 	return nil, a.decide(Result{}, fmt.Errorf("oncekit/ledger: wait for %s in %s: %w", quoteKey(a.in.Key), a.in.Scope, err))
+}
+
+// settleRefused is settle after a refused claim. In the ledger's own transaction the
+// default mode's claim read the key's record in its own round trip: a live record then
+// answers without a read, and with none the claim was refused by the key's lock, held
+// by an attempt in flight, which the caller waits for.
+func (a *attempt) settleRefused(ctx context.Context) (Result, freedom, error) {
+	o, ok := a.lt.(*ownTx)
+	if !ok || a.mode != ModeClaimWithFirstStatement {
+		return a.settle(ctx, true)
+	}
+	rec := o.decided()
+	if rec == nil {
+		return Result{}, freeAbsent, nil
+	}
+	if res, free, err := a.l.judge(a.in, rec); free != freeAbsent {
+		return res, free, err
+	}
+	// Pending under a live lease: wait for it, polling.
+	return a.settle(ctx, true)
 }
 
 // execute claims the key as the call's mode says, runs fn and finishes the transaction
@@ -404,6 +448,14 @@ func (a *attempt) execute(ctx context.Context, fn Func, retention time.Duration)
 	var what string
 	switch {
 	case fnErr != nil && errors.As(fnErr, &derr):
+		if derr.Response != nil {
+			if err := l.checkResponse(*derr.Response); err != nil {
+				if aerr := lt.abort(cleanup, p); aerr != nil {
+					return Result{}, errors.Join(err, aerr)
+				}
+				return Result{}, err
+			}
+		}
 		what = "store failure"
 		a.record = l.failedArgs(in, derr, retention, created, a.now)
 		err = commitFailure(ctx, lt, p, recordBatch(l.q.insertFailed, a.record, lt.end()))
@@ -453,6 +505,9 @@ func (a *attempt) execute(ctx context.Context, fn Func, retention time.Duration)
 	}
 	return Result{Response: resp, Attempts: 1, CreatedAt: created}, nil
 }
+
+// errNilFunc is a programmer's mistake, which no caller acts on at run time.
+var errNilFunc = errors.New("oncekit/ledger: nil function: pass the mutation to run")
 
 // unstored hides a definitive failure that was not stored behind an error that is not
 // one, so that errors.As finds no DefinitiveError in the call's answer: a caller that
@@ -510,7 +565,7 @@ func (a *attempt) afterConflict(ctx context.Context, cause error) (Result, error
 		return Result{}, fmt.Errorf("oncekit/ledger: store result of %s in %s: %w", quoteKey(a.in.Key), a.in.Scope, cause)
 	}
 	// The record that met this one is gone again (released, evicted), or is an
-	// external-mode claim whose lease ran out.
+	// claim of Claim whose lease ran out.
 	return Result{}, a.inProgress()
 }
 
@@ -531,10 +586,10 @@ type freedom int
 const (
 	notFree          freedom = iota // the record decided the call
 	freeAbsent                      // no record, or an expired one
-	freeLeaseExpired                // a pending external-mode record whose lease ran out
+	freeLeaseExpired                // a pending record of Claim whose lease ran out
 )
 
-// A call waiting for another attempt's external-mode claim reads the record again
+// A call waiting for another attempt's claim of Claim reads the record again
 // after pollFirst, doubling up to pollMax.
 const (
 	pollFirst = 5 * time.Millisecond
@@ -560,20 +615,10 @@ func (l *Ledger) settleQ(ctx context.Context, q querier, in Intent, wait time.Du
 		if rec == nil || (rec.Expired && !expired) {
 			return Result{}, freeAbsent, nil
 		}
-		if rec.Fingerprint != in.Fingerprint {
-			return Result{}, notFree, &FingerprintMismatchError{Scope: in.Scope, Key: in.Key, StoredFingerprint: rec.Fingerprint,
-				Fingerprint: in.Fingerprint, StoredState: rec.State, StoredAt: rec.CreatedAt}
+		if res, free, err := l.judge(in, rec); free != freeAbsent {
+			return res, free, err
 		}
-		switch rec.State {
-		case StateCompleted:
-			return rec.result(true), notFree, nil
-		case StateFailed:
-			return rec.result(true), notFree, rec.storedError(true)
-		}
-		// Pending in the external-effect mode: someone holds a lease.
-		if rec.LeaseExpired {
-			return Result{}, freeLeaseExpired, nil
-		}
+		// Pending under a lease of Claim: someone holds it, live.
 		left := wait - time.Since(start)
 		if left <= 0 {
 			return Result{}, notFree, &InProgressError{Scope: in.Scope, Key: in.Key, LeaseUntil: rec.LeaseUntil, Waited: time.Since(start)}

@@ -348,7 +348,7 @@ func TestDo_BadInput(t *testing.T) {
 	})
 	t.Run("NilFunc", func(t *testing.T) {
 		_, err := l.Do(ctx, good, nil, nil)
-		require.ErrorIs(t, err, ledger.ErrNilFunc)
+		require.ErrorContains(t, err, "nil function")
 	})
 	t.Run("CancelledContext", func(t *testing.T) {
 		cctx, cancel := context.WithCancel(ctx)

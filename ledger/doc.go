@@ -13,6 +13,15 @@
 // [*FingerprintMismatchError]. [Ledger.DoTx] does the same inside a transaction you
 // already hold.
 //
+// # One statement
+//
+// [Ledger.DoStatement] is the cheapest guarded write, cheaper than the bare pgx.BeginFunc
+// transaction: a mutation that is one INSERT, UPDATE or DELETE with RETURNING (or a WITH
+// query of them) runs with the claim and the record in a single statement that commits
+// by itself, in one round trip; a replay takes one round trip and writes nothing. The
+// statement's rows, as JSON, are the stored response. A taken key stops the statement
+// before it runs.
+//
 // # Modes
 //
 // DoOpts.Mode says when the claim's answer arrives. By default
@@ -39,7 +48,11 @@
 //
 // A mutation that returns a [*DefinitiveError] (a declined card) has its writes rolled
 // back and the failure stored; every retry receives the same failure. Any other error
-// rolls back everything and leaves the key free for the next attempt. A concurrent
+// but one rolls back everything and leaves the key free for the next attempt. The one
+// is an [*OutcomeUnknownError] (errors.Is [ErrOutcomeUnknown]): the commit was sent and
+// its answer lost (a FATAL, a broken connection, a context that ended), so the
+// mutation may have committed; it is never a rollback, and a retry with the same key
+// settles it, replaying the result if the commit happened. A concurrent
 // duplicate waits up to DoOpts.Wait (and no longer than its context's deadline): when
 // the attempt holding the key completes, the duplicate replays its result; when that
 // attempt fails, one waiter takes the key and runs its mutation, and the others replay
@@ -59,7 +72,7 @@
 // API:
 //
 //   - oncekit.ledger.calls ({call}): every call, with attributes oncekit.call (Do, DoTx,
-//     Claim, Complete, Fail, Release, MarkUncertain), oncekit.operation and oncekit.outcome
+//     DoStatement, Claim, Complete, Fail, Release, MarkUncertain), oncekit.operation and oncekit.outcome
 //     (the Outcome constants: first, replay, failed, key_reused, in_progress,
 //     snapshot_conflict, redrive, completed, released, uncertain, lease_lost, error);
 //   - oncekit.ledger.call.duration (s): each call from its start to its commit or answer;

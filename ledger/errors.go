@@ -25,8 +25,6 @@ var (
 	ErrLeaseLost = errors.New("oncekit/ledger: lease lost")
 	// ErrBodyTooLarge: a result body is over the configured limit.
 	ErrBodyTooLarge = errors.New("oncekit/ledger: result body too large")
-	// ErrNilFunc: a nil function was passed to run.
-	ErrNilFunc = errors.New("oncekit/ledger: nil function: pass the mutation to run")
 	// ErrManagedTx: the function tried to commit or roll back the ledger's transaction.
 	ErrManagedTx = errors.New("oncekit/ledger: the ledger commits and rolls back its own transaction: return a result or an error instead")
 	// ErrOutcomeUnknown: the commit was sent and no answer came back; see
@@ -60,7 +58,7 @@ func (e *FingerprintMismatchError) Is(target error) bool { return target == ErrF
 type InProgressError struct {
 	Scope keys.Scope
 	Key   keys.Key
-	// LeaseUntil is when the other attempt's lease runs out (external-effect mode), or
+	// LeaseUntil is when the other attempt's lease runs out (a claim of Claim), or
 	// zero for an uncommitted local transaction.
 	LeaseUntil time.Time
 	// Waited is how long this call waited for the other attempt.
@@ -126,6 +124,10 @@ type DefinitiveError struct {
 	Code string
 	// Message is for people.
 	Message string
+	// Response, when set, is the failure's own answer, stored with it and replayed byte
+	// for byte: an HTTP error's status and body, say. Its Body counts against
+	// [Config].MaxBodyBytes, as a completed record's does. Nil stores none.
+	Response *Response
 	// Replayed is true when the failure was read from the ledger.
 	Replayed bool
 }

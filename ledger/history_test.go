@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -49,7 +50,7 @@ var histChecks = []string{
 var histModes = []string{"Default", "ClaimWithFirstStatement", "ClaimFirst", "LookUpFirst", "Optimistic"}
 
 func histDoOpts(mode string, wait time.Duration) *ledger.DoOpts {
-	m := map[string]ledger.Mode{"Default": ledger.ModeDefault, "ClaimWithFirstStatement": ledger.ModeClaimWithFirstStatement,
+	m := map[string]ledger.Mode{"Default": 0, "ClaimWithFirstStatement": ledger.ModeClaimWithFirstStatement,
 		"ClaimFirst": ledger.ModeClaimFirst, "LookUpFirst": ledger.ModeLookUpFirst, "Optimistic": ledger.ModeOptimistic}[mode]
 	return &ledger.DoOpts{Wait: wait, Mode: m}
 }
@@ -396,6 +397,8 @@ func (e *histEnv) intent(op, key string, payload int) ledger.Intent {
 func (e *histEnv) step(client int, rng *rand.Rand) {
 	c := &hcall{id: e.nextID.Add(1), client: client, exec: e.execs[rng.IntN(len(e.execs))]}
 	switch n := rng.IntN(100); {
+	case n < 12:
+		c.op = "Stmt"
 	case n < 55:
 		c.op = "Do"
 	case n < 75:
@@ -432,6 +435,11 @@ func (e *histEnv) step(client int, rng *rand.Rand) {
 		c.iso = pgx.Serializable
 	}
 	commit := rng.IntN(8) > 0
+	if c.op == "Stmt" {
+		e.statement(c, rng)
+		e.add(c)
+		return
+	}
 	e.guarded(c, rng, commit)
 	e.add(c)
 }
@@ -552,6 +560,41 @@ func (e *histEnv) guarded(c *hcall, rng *rand.Rand, commit bool) {
 			c.commitSeq = e.event(c, "commit", fmt.Sprintf("id=%d", c.id))
 		}
 	}
+}
+
+// statement runs a DoStatement whose statement writes the call's effect row and
+// returns the body a Do of the call would, or fails (fn kind sqlerr). The call counts
+// as one that commits by itself, as Do does; its effect's time is the call's start.
+func (e *histEnv) statement(c *hcall, rng *rand.Rand) {
+	l := e.ledgers[c.exec]
+	c.mode, c.committed = "Statement", true
+	if rng.IntN(5) == 0 {
+		c.fnKind = "sqlerr"
+	} else {
+		c.fnKind = "ok"
+	}
+	ctx := context.Background()
+	if c.deadline > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.deadline)
+		defer cancel()
+	}
+	c.startStub = e.clock.Now()
+	c.fnAt = c.startStub
+	c.startSeq = e.event(c, "call", fmt.Sprintf("id=%d stmt=%s payload=%d wait=%s deadline=%s exec=%s", c.id, c.fnKind, c.payload, c.wait, c.deadline, c.exec))
+	div := 1
+	if c.fnKind == "sqlerr" {
+		div = 0
+	}
+	st := ledger.Statement{SQL: `INSERT INTO effects (key, call_id, at) VALUES ($1, $2::bigint / $4::int * $4::int, $3) RETURNING 'c' || call_id AS b`,
+		Args: []any{c.key, c.id, c.fnAt, div}, Code: 201}
+	c.res, c.err = l.DoStatement(ctx, e.intent("do", c.key, c.payload), st, &ledger.StatementOpts{Wait: c.wait})
+	c.kind = classify(c.err)
+	if c.kind == "other" && c.fnKind == "sqlerr" && strings.Contains(c.err.Error(), "division by zero") {
+		c.kind = "stmterr"
+	}
+	c.endStub = e.clock.Now()
+	c.endSeq = e.event(c, "return", c.describe())
 }
 
 // external runs one external-mode flow: claim, maybe stall past the lease, finish. Some
@@ -812,7 +855,7 @@ func (e *histEnv) check() int {
 			}
 			continue
 		}
-		if _, ok := effects[c.id]; ok && c.op == "Do" && c.err != nil && c.kind != "unknown" {
+		if _, ok := effects[c.id]; ok && (c.op == "Do" || c.op == "Stmt") && c.err != nil && c.kind != "unknown" {
 			bad("a plain error means nothing committed", c, "returned %s (%v), yet its effect committed", c.kind, c.err)
 		}
 		if n := c.fnStarts.Load(); n > 1 {
@@ -894,6 +937,11 @@ func (c *hcall) doneSeq() int {
 
 // checkReplay checks that a replayed result is one a call committed.
 func (e *histEnv) checkReplay(c *hcall, body string, failed bool, committedBy map[int64]outcome, byID map[int64]*hcall, bad func(string, *hcall, string, ...any)) {
+	// A DoStatement's body is its statement's row, [{"b":"c<call>"}].
+	var rows []struct{ B string }
+	if json.Unmarshal([]byte(body), &rows) == nil && len(rows) == 1 {
+		body = rows[0].B
+	}
 	id, err := strconv.ParseInt(strings.TrimPrefix(body, "c"), 10, 64)
 	producer := byID[id]
 	if err != nil || producer == nil || producer.key != c.key {
@@ -907,7 +955,7 @@ func (e *histEnv) checkReplay(c *hcall, body string, failed bool, committedBy ma
 		return
 	}
 	switch {
-	case producer.op == "Do" && producer.kind == "unknown":
+	case (producer.op == "Do" || producer.op == "Stmt") && producer.kind == "unknown":
 		return // the producer's commit went unanswered, and it said so
 	case producer.op == "DoTx" && producer.commitErr != nil:
 		return // the caller's own commit (of a result or a stored failure) went unanswered

@@ -134,15 +134,6 @@ func newLedger(r *shard.Router, cfg *Config) (*Ledger, error) {
 	return l, nil
 }
 
-// Pool returns the pool the ledger runs on, or nil for a ledger on several shards
-// ([NewSharded]), whose pools [Ledger.Router] gives.
-func (l *Ledger) Pool() *pgxpool.Pool {
-	if s := l.r.Shards(); len(s) == 1 {
-		return s[0].Pool
-	}
-	return nil
-}
-
 // Schema returns the schema the ledger's table lives in.
 func (l *Ledger) Schema() string { return l.cfg.Schema }
 
@@ -156,7 +147,7 @@ func (l *Ledger) retention(op string, override time.Duration) time.Duration {
 	return l.cfg.Retention
 }
 
-// recordedAt is the time a local-mode record is written with: the stubbed time, or the
+// recordedAt is the time a record of Do is written with: the stubbed time, or the
 // process's clock, to the microsecond PostgreSQL keeps. The record's expiry is reckoned
 // from it, but never from before the database's clock at the transaction's start.
 func (l *Ledger) recordedAt() time.Time {
@@ -182,7 +173,10 @@ func (l *Ledger) validate(scope keys.Scope, key keys.Key, fp keys.Fingerprint) e
 	if err := key.ValidateLen(l.cfg.MaxKeyLen); err != nil {
 		return err
 	}
-	return fp.Validate()
+	if err := fp.Validate(); err != nil {
+		return fmt.Errorf("oncekit/ledger: Intent.Fingerprint: %w", err)
+	}
+	return nil
 }
 
 func (l *Ledger) checkResponse(resp Response) error {
@@ -202,7 +196,11 @@ func (l *Ledger) Get(ctx context.Context, scope keys.Scope, key keys.Key) (*Reco
 	if err != nil {
 		return nil, err
 	}
-	return l.get(ctx, pool, scope, key)
+	rec, err := l.get(ctx, pool, scope, key)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		err = l.named(scope.Tenant, err)
+	}
+	return rec, err
 }
 
 // GetTx is [Ledger.Get] inside the caller's transaction.

@@ -16,7 +16,7 @@ import (
 	"github.com/oncekit/oncekit/internal/pipetx"
 )
 
-// localTx is the transaction a local-mode execution runs in: the ledger's own
+// localTx is the transaction a call of Do or DoTx runs in: the ledger's own
 // ([ownTx]) or the caller's ([callerTx]). Its protocol, per attempt:
 //
 //	begin:  nothing is sent; fn gets a pipeTx
@@ -76,6 +76,9 @@ type ownTx struct {
 	l           *Ledger
 	conn        *pgx.Conn
 	rollbackDue bool // a refused claim's healthy transaction, rolled back with the next read
+	// seen is the key's record as the last claim read it (claim_record), nil for none:
+	// a refused claim's answer, with no read of its own.
+	seen *Record
 }
 
 // rollbackFirst is a connection whose next read first rolls back the transaction it is
@@ -122,12 +125,7 @@ func (o *ownTx) q() querier {
 	return o.conn
 }
 
-func (o *ownTx) mode(m Mode) Mode {
-	if m == ModeDefault {
-		return ModeClaimWithFirstStatement
-	}
-	return m
-}
+func (o *ownTx) mode(m Mode) Mode { return m }
 
 // claim is the claim statement of mode: one that answers before fn runs (claimCheck),
 // or one that refuses by failing so that PostgreSQL skips what travels behind it.
@@ -135,7 +133,34 @@ func (o *ownTx) claim(in Intent, mode Mode, now *time.Time) *pgx.QueuedQuery {
 	if mode == ModeClaimFirst || mode == ModeLookUpFirst {
 		return pipetx.Queued(o.l.q.claimCheck, o.l.claimArgs(in, now)...)
 	}
-	return pipetx.Queued(o.l.q.claimLocal, o.l.claimArgs(in, now)...)
+	return pipetx.Queued(o.l.q.claimRecord, o.l.claimArgs(in, now)...)
+}
+
+// readClaim reads the record claim_record returns with its first row.
+func (o *ownTx) readClaim(in Intent) func(pgx.Rows) error {
+	return func(rows pgx.Rows) error {
+		o.seen = nil
+		var found bool
+		var sc recordScan
+		r := &Record{Scope: in.Scope, Key: in.Key}
+		var gate int32
+		if err := rows.Scan(append(append([]any{&found}, sc.dest(r)...), &gate)...); err != nil {
+			return err
+		}
+		if found {
+			sc.finish(r)
+			o.seen = r
+		}
+		return nil
+	}
+}
+
+// decided returns the record the refused claim read, when it is live.
+func (o *ownTx) decided() *Record {
+	if o.seen == nil || o.seen.Expired {
+		return nil
+	}
+	return o.seen
 }
 
 func (o *ownTx) begin(in Intent, mode Mode, now *time.Time, onRefused func(context.Context) (*pipetx.Resume, error)) *pipetx.Tx {
@@ -143,6 +168,9 @@ func (o *ownTx) begin(in Intent, mode Mode, now *time.Time, onRefused func(conte
 	if mode != ModeOptimistic {
 		cfg.ClaimAt, cfg.Checked = 0, mode == ModeClaimFirst || mode == ModeLookUpFirst
 		cfg.Prefix = []*pgx.QueuedQuery{o.claim(in, mode, now), pipetx.Queued(savepointFn)}
+	}
+	if mode == ModeClaimWithFirstStatement {
+		cfg.ReadClaim, cfg.Named = o.readClaim(in), true
 	}
 	return pipetx.New(cfg)
 }
@@ -159,6 +187,8 @@ func (o *ownTx) abort(ctx context.Context, p *pipetx.Tx) error {
 	if o.conn.PgConn().TxStatus() == 'I' {
 		return nil
 	}
+	ctx, cancel := pgsql.Cleanup(ctx)
+	defer cancel()
 	if p != nil && p.Refused() && p.Checked() && o.conn.PgConn().TxStatus() == 'T' {
 		// The record decides next, so the rollback waits to travel with its lookup.
 		o.rollbackDue = true
@@ -229,7 +259,7 @@ func (c *callerTx) q() querier { return c.outer }
 // attempt would find a concurrent one only at its INSERT, and wait there as long as
 // that attempt's transaction, the caller's, lasts.
 func (c *callerTx) mode(m Mode) Mode {
-	if m == ModeDefault || m == ModeOptimistic {
+	if m == ModeOptimistic {
 		return ModeClaimWithFirstStatement
 	}
 	return m
@@ -262,6 +292,8 @@ func (c *callerTx) abort(ctx context.Context, p *pipetx.Tx) error {
 	if p != nil && !p.Opened() {
 		return nil
 	}
+	ctx, cancel := pgsql.Cleanup(ctx)
+	defer cancel()
 	_, err := c.outer.Exec(ctx, "ROLLBACK TO SAVEPOINT oncekit_claim; RELEASE SAVEPOINT oncekit_claim")
 	return err
 }
@@ -355,8 +387,18 @@ func setCompleted(args []any, resp Response, at time.Time, now *time.Time) {
 }
 
 func (l *Ledger) failedArgs(in Intent, derr *DefinitiveError, retention time.Duration, at time.Time, now *time.Time) []any {
+	code, body := failureResponse(derr)
 	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), now, string(in.Fingerprint),
-		pgsql.Interval(retention), storableText(derr.Code), storableText(derr.Message), at}
+		pgsql.Interval(retention), storableText(derr.Code), storableText(derr.Message), at, code, body}
+}
+
+// failureResponse is the status and body a definitive failure stores: its Response's,
+// or 0 and none.
+func failureResponse(derr *DefinitiveError) (int, []byte) {
+	if derr.Response == nil {
+		return 0, nil
+	}
+	return derr.Response.Code, derr.Response.Body
 }
 
 // storableText makes s storable as PostgreSQL text: invalid UTF-8 and NUL bytes become

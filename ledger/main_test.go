@@ -112,7 +112,7 @@ func countRecords(t testing.TB, pool *pgxpool.Pool, schema string) int {
 	return n
 }
 
-// modes are the ways a call of Do claims its key, ModeDefault aside.
+// modes are the ways a call of Do claims its key.
 var modes = []ledger.Mode{ledger.ModeClaimWithFirstStatement, ledger.ModeClaimFirst, ledger.ModeLookUpFirst, ledger.ModeOptimistic}
 
 // modeName names a mode for a subtest: ClaimWithFirstStatement and so on.

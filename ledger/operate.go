@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -60,7 +61,9 @@ type ListOpts struct {
 	Limit int
 }
 
-// List returns records, newest first, filtered by opts.
+// List returns records, newest first, filtered by opts. On a ledger of several shards
+// it lists every shard; when some fail, it returns the records of those that answered
+// together with an error naming each that did not (a [*shard.Error] per shard).
 func (l *Ledger) List(ctx context.Context, opts *ListOpts) ([]Record, error) {
 	o := ListOpts{}
 	if opts != nil {
@@ -97,12 +100,10 @@ func (l *Ledger) List(ctx context.Context, opts *ListOpts) ([]Record, error) {
 		recs = append(recs, page...)
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
-	// Each shard's page is in order; merged, the newest o.Limit of them are the page.
+	// Each shard's page is in order; merged, the newest o.Limit of them are the page:
+	// the records of the shards that answered, beside an error naming those that did not.
 	slices.SortStableFunc(recs, newestFirst)
-	return recs[:min(len(recs), o.Limit)], nil
+	return recs[:min(len(recs), o.Limit)], err
 }
 
 func (l *Ledger) listOn(ctx context.Context, pool *pgxpool.Pool, args []any) ([]Record, error) {
@@ -183,42 +184,6 @@ func (l *Ledger) statsOn(ctx context.Context, pool *pgxpool.Pool, s *Stats) erro
 		return fmt.Errorf("oncekit/ledger: stats: %w", err)
 	}
 	return nil
-}
-
-// ForceRelease deletes the pending record of key in scope, whoever owns it, so that the
-// next attempt starts afresh: for a key stuck in progress whose owner is known to be
-// gone. A call that may have reached a provider is then made again under a new claim;
-// the provider deduplicates it only by the same downstream key, which the key keeps.
-// It reports whether a pending record was deleted. It keeps no audit row and does not
-// look at the lease: operators use [Ledger.Change], which does both.
-func (l *Ledger) ForceRelease(ctx context.Context, scope keys.Scope, key keys.Key) (bool, error) {
-	return l.operate(ctx, l.q.forceRelease, scope, key)
-}
-
-// Evict deletes the completed or failed record of key in scope, so that the next request
-// with the key runs again instead of replaying: for a stored result known to be wrong. It
-// reports whether a record was deleted. It keeps no audit row: operators use
-// [Ledger.Change], which does.
-func (l *Ledger) Evict(ctx context.Context, scope keys.Scope, key keys.Key) (bool, error) {
-	return l.operate(ctx, l.q.evict, scope, key)
-}
-
-func (l *Ledger) operate(ctx context.Context, sql string, scope keys.Scope, key keys.Key) (bool, error) {
-	if err := scope.Validate(); err != nil {
-		return false, err
-	}
-	if err := key.ValidateLen(l.cfg.MaxKeyLen); err != nil {
-		return false, err
-	}
-	pool, err := l.r.Pool(scope.Tenant)
-	if err != nil {
-		return false, err
-	}
-	tag, err := pool.Exec(ctx, sql, scope.Tenant, scope.Operation, string(key))
-	if err != nil {
-		return false, fmt.Errorf("oncekit/ledger: %s in %s: %w", quoteKey(key), scope, err)
-	}
-	return tag.RowsAffected() == 1, nil
 }
 
 // Action is an operator's change to a record, kept in its audit row.
@@ -449,6 +414,89 @@ func (l *Ledger) Audit(ctx context.Context, scope keys.Scope, key keys.Key) ([]A
 	})
 	if err != nil {
 		return nil, fmt.Errorf("oncekit/ledger: audit of %s in %s: %w", quoteKey(key), scope, err)
+	}
+	return entries, nil
+}
+
+// AuditOpts filter [Ledger.ListAudit]. A nil *AuditOpts lists the newest audit rows.
+// Filters combine.
+type AuditOpts struct {
+	// Tenant, Operation and Key keep the rows of this tenant, operation and key.
+	// Defaults to "": any.
+	Tenant, Operation string
+	Key               keys.Key
+	// Actor keeps the rows of changes made by this actor (ChangeOpts.Actor). Defaults
+	// to "": any.
+	Actor string
+	// Action keeps the rows of this action. Defaults to "": both.
+	Action Action
+	// Since and Until keep the rows of changes made at or after Since and before
+	// Until. Defaults to zero: no bound.
+	Since, Until time.Time
+	// Limit bounds the number of rows; a negative one is refused. Defaults to
+	// [ListLimitDefault].
+	Limit int
+}
+
+// ListAudit returns audit rows of every key, newest first, filtered by opts: what
+// operators released and evicted, by whom and why, including records that are gone.
+func (l *Ledger) ListAudit(ctx context.Context, opts *AuditOpts) ([]AuditEntry, error) {
+	o := AuditOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.Limit < 0 {
+		return nil, errors.New("oncekit/ledger: AuditOpts.Limit must not be negative")
+	}
+	if o.Limit == 0 {
+		o.Limit = ListLimitDefault
+	}
+	if o.Action != "" && o.Action != ActionRelease && o.Action != ActionEvict {
+		return nil, fmt.Errorf("oncekit/ledger: unknown action %q: use ActionRelease or ActionEvict", o.Action)
+	}
+	args := []any{o.Tenant, o.Operation, string(o.Key), o.Actor, string(o.Action), optionalTime(o.Since), optionalTime(o.Until), o.Limit}
+	var entries []AuditEntry
+	each := func(pool *pgxpool.Pool) error {
+		rows, err := pool.Query(ctx, l.q.auditList, args...)
+		if err != nil {
+			return err
+		}
+		got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (AuditEntry, error) {
+			var e AuditEntry
+			var action, key string
+			var before []byte
+			if err := row.Scan(&e.ID, &e.At, &e.Scope.Tenant, &e.Scope.Operation, &key, &action, &e.Actor, &e.DBUser, &e.Reason,
+				&e.Forced, &before); err != nil {
+				return e, err
+			}
+			e.Key, e.Action = keys.Key(key), Action(action)
+			return e, e.decodeBefore(before)
+		})
+		entries = append(entries, got...)
+		return err
+	}
+	var err error
+	if o.Tenant != "" {
+		var pool *pgxpool.Pool
+		if pool, err = l.r.Pool(o.Tenant); err == nil {
+			err = each(pool)
+		}
+	} else {
+		err = l.r.Each(func(s shard.Shard) error { return each(s.Pool) })
+		// Each shard's rows are in order; merged, the newest o.Limit of them.
+		slices.SortStableFunc(entries, func(a, b AuditEntry) int {
+			if c := b.At.Compare(a.At); c != 0 {
+				return c
+			}
+			return cmp.Compare(b.ID, a.ID)
+		})
+		entries = entries[:min(len(entries), o.Limit)]
+	}
+	if err != nil {
+		return nil, fmt.Errorf("oncekit/ledger: list audit rows: %w", err)
+	}
+	if entries == nil {
+		entries = []AuditEntry{}
 	}
 	return entries, nil
 }

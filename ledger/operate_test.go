@@ -224,3 +224,55 @@ func TestList_FiltersAndPages(t *testing.T) {
 	_, err = l.List(ctx, &ledger.ListOpts{Limit: -1})
 	require.Error(t, err)
 }
+
+// ListAudit lists every key's audit rows newest first, filtered by tenant, operation,
+// key, actor, action and time, and bounded by its limit.
+func TestListAudit_FiltersNewestFirst(t *testing.T) {
+	t.Parallel()
+	l, _ := setup(t, nil)
+	ctx := context.Background()
+	change := func(tenant, key string, action ledger.Action, actor string) ledger.AuditEntry {
+		in := intent(t, tenant, key, order{Item: "lamp", Amount: 1})
+		if action == ledger.ActionEvict {
+			_, err := l.Do(ctx, in, createOrder(tenant, order{Item: "lamp", Amount: 1}), nil)
+			require.NoError(t, err)
+		} else {
+			_, err := l.Claim(ctx, in, &ledger.ClaimOpts{Lease: time.Hour})
+			require.NoError(t, err)
+		}
+		e, err := l.Change(ctx, action, in.Scope, in.Key, &ledger.ChangeOpts{Actor: actor, Reason: "INC-1", Force: true})
+		require.NoError(t, err)
+		return e
+	}
+	a := change("acme", "k-1", ledger.ActionEvict, "alice")
+	b := change("acme", "k-2", ledger.ActionRelease, "bob")
+	c := change("globex", "k-1", ledger.ActionEvict, "alice")
+	ids := func(opts *ledger.AuditOpts) []int64 {
+		entries, err := l.ListAudit(ctx, opts)
+		require.NoError(t, err)
+		out := []int64{}
+		for _, e := range entries {
+			out = append(out, e.ID)
+		}
+		return out
+	}
+	require.Equal(t, []int64{c.ID, b.ID, a.ID}, ids(nil))
+	require.Equal(t, []int64{b.ID, a.ID}, ids(&ledger.AuditOpts{Tenant: "acme"}))
+	require.Equal(t, []int64{c.ID, a.ID}, ids(&ledger.AuditOpts{Key: "k-1"}))
+	require.Equal(t, []int64{c.ID, a.ID}, ids(&ledger.AuditOpts{Actor: "alice"}))
+	require.Equal(t, []int64{b.ID}, ids(&ledger.AuditOpts{Action: ledger.ActionRelease}))
+	require.Equal(t, []int64{c.ID}, ids(&ledger.AuditOpts{Limit: 1}))
+	require.Equal(t, []int64{}, ids(&ledger.AuditOpts{Since: c.At.Add(time.Second)}))
+	require.Equal(t, []int64{c.ID, b.ID, a.ID}, ids(&ledger.AuditOpts{Since: a.At, Until: c.At.Add(time.Second)}))
+	entries, err := l.ListAudit(ctx, &ledger.AuditOpts{Tenant: "acme", Key: "k-2"})
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	require.Equal(t, keys.Scope{Tenant: "acme", Operation: "orders.create"}, entries[0].Scope)
+	require.Equal(t, keys.Key("k-2"), entries[0].Key)
+	require.Equal(t, ledger.StatePending, entries[0].Before.State)
+	require.True(t, entries[0].Forced)
+	_, err = l.ListAudit(ctx, &ledger.AuditOpts{Limit: -1})
+	require.Error(t, err)
+	_, err = l.ListAudit(ctx, &ledger.AuditOpts{Action: "purge"})
+	require.Error(t, err)
+}

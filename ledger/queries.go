@@ -27,22 +27,26 @@ type querier interface {
 // timestamptz: NULL means the database's now().
 type queries struct {
 	lookup string
-	// The local mode claims with claimLocal, which fails with division_by_zero when the
+	// Do claims with claimLocal, which fails with division_by_zero when the
 	// key is taken, or claimCheck, which answers; in a caller's transaction claimProbe
 	// follows the claim, for records its snapshot cannot see.
 	claimLocal string
 	claimCheck string
-	claimProbe string
+	// claimRecord is claimLocal in the ledger's own transaction, reading the record too.
+	claimRecord string
+	claimProbe  string
 	// A refused claim waits for the key's lock with waitLock, on the node the claim
 	// takes it on.
 	waitLock string
 	// ClaimTx bounds its claim's wait with lock_timeout, on the node the claim runs on.
 	keepLockTimeout, restoreLockTimeout string
-	// The local mode inserts its record, with the result, just before it commits,
+	// Do inserts its record, with the result, just before it commits,
 	// replacing an expired record of the key.
 	insertCompleted string
 	insertFailed    string
-	// The external mode claims, then finishes the record under the owner token.
+	// DoStatement's guarded statement, with the caller's statement to fill in.
+	statement string
+	// Claim claims, then finishes the record under the owner token.
 	claim     string
 	complete  string
 	fail      string
@@ -52,9 +56,10 @@ type queries struct {
 	purge     pgsql.Purge
 	// Operators read and change records whatever their owner; their changes keep audit
 	// rows. pending counts pending records for the gauge.
-	list, stats, forceRelease, evict string
-	changeLock, changeDelete, audit  string
-	pending                          string
+	list, stats                     string
+	changeLock, changeDelete, audit string
+	auditList                       string
+	pending                         string
 }
 
 // statements are the ledger's SQL, one whole statement per file, each listing its
@@ -78,12 +83,14 @@ func newQueries(schema string) queries {
 		lookup:             load("lookup"),
 		claimLocal:         load("claim_local"),
 		claimCheck:         load("claim_check"),
+		claimRecord:        load("claim_record"),
 		claimProbe:         load("claim_probe"),
 		waitLock:           load("wait_lock"),
 		keepLockTimeout:    load("keep_lock_timeout"),
 		restoreLockTimeout: load("restore_lock_timeout"),
 		insertCompleted:    load("insert_completed"),
 		insertFailed:       load("insert_failed"),
+		statement:          load("statement"),
 		claim:              load("claim"),
 		complete:           load("complete"),
 		fail:               load("fail"),
@@ -93,11 +100,10 @@ func newQueries(schema string) queries {
 		purge:              pgsql.Purge{Table: t, Local: load("purge"), ByKey: load("purge_by_key")},
 		list:               load("list"),
 		stats:              load("stats"),
-		forceRelease:       load("force_release"),
-		evict:              load("evict"),
 		changeLock:         load("change_lock"),
 		changeDelete:       load("change_delete"),
 		audit:              load("audit"),
+		auditList:          load("audit_list"),
 		pending:            load("pending"),
 	}
 }

@@ -13,9 +13,9 @@ type State string
 
 // The states of a record.
 const (
-	// StatePending: an attempt owns the key. In the local-mutation mode this state is
-	// never visible to others (it commits together with the result); in the
-	// external-effect mode it is committed with a lease.
+	// StatePending: an attempt owns the key. A call of Do never commits this state (its
+	// record commits with the result); a claim of [Ledger.Claim] commits it with a
+	// lease.
 	StatePending State = "pending"
 	// StateCompleted: the result is stored and every retry replays it.
 	StateCompleted State = "completed"
@@ -39,7 +39,7 @@ type Result struct {
 	Response
 	// Replayed is true when the result was read from the ledger and nothing ran.
 	Replayed bool
-	// Attempts counts the attempts that owned the key (external-effect mode).
+	// Attempts counts the attempts that owned the key (a claim of Claim).
 	Attempts int
 	// CreatedAt is when the intent was first recorded, to the microsecond: by the clock of
 	// the process whose Do or DoTx ran it (Config.Test.NowFunc when set), taken as fn
@@ -85,5 +85,10 @@ func (r *Record) result(replayed bool) Result {
 
 // storedError returns the definitive failure of a failed record.
 func (r *Record) storedError(replayed bool) *DefinitiveError {
-	return &DefinitiveError{Code: r.ErrorCode, Message: r.ErrorMessage, Replayed: replayed}
+	derr := &DefinitiveError{Code: r.ErrorCode, Message: r.ErrorMessage, Replayed: replayed}
+	if r.Response.Code != 0 || r.Response.Body != nil {
+		resp := r.Response
+		derr.Response = &resp
+	}
+	return derr
 }

@@ -2,9 +2,12 @@ package ledger
 
 import (
 	"errors"
+	"io"
+	"net"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/shard"
@@ -22,6 +25,22 @@ func NewSharded(r *shard.Router, cfg *Config) (*Ledger, error) {
 		return nil, errors.New("oncekit/ledger: NewSharded needs a router")
 	}
 	return newLedger(r, cfg)
+}
+
+// named names tenant's shard in err, on a ledger of several shards, when err came from
+// the shard's server: PostgreSQL's error, a connection that failed or broke, or a lost
+// answer. fn's own errors and the ledger's answers about a key are returned as they are.
+func (l *Ledger) named(tenant string, err error) error {
+	var (
+		pgErr   *pgconn.PgError
+		connErr *pgconn.ConnectError
+		netErr  net.Error
+	)
+	if errors.As(err, &pgErr) || errors.As(err, &connErr) || errors.As(err, &netErr) ||
+		errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return l.r.Name(tenant, err)
+	}
+	return err
 }
 
 // Router returns the router the ledger places tenants with; a ledger made by [New] has

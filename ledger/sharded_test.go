@@ -77,7 +77,6 @@ func TestSharded_RoutesEachTenantToItsShard(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	l, sb := setupSharded(t, &ledger.Config{Retention: time.Hour})
-	require.Nil(t, l.Pool(), "a ledger on two shards has no one pool")
 	tenants := map[string][]string{"a": sb.tenantsOn(t, "a", 3), "b": sb.tenantsOn(t, "b", 3)}
 	for name, ts := range tenants {
 		for _, tenant := range ts {
@@ -289,8 +288,18 @@ func TestSharded_OneShardDownTheOtherGoesOn(t *testing.T) {
 	}
 	_, err = do(onB, "during")
 	require.Error(t, err, "shard b is down")
+	var named *shard.Error
+	require.ErrorAs(t, err, &named, "a dead shard's error names it")
+	require.Equal(t, "b", named.Shard)
+	_, err = l.Claim(ctx, intent(t, onB, "claim-during", order{Item: "x"}), nil)
+	require.ErrorAs(t, err, &named)
+	require.Equal(t, "b", named.Shard)
 	_, err = l.Stats(ctx)
 	require.ErrorContains(t, err, `shard "b"`)
+	recs, err := l.List(ctx, nil)
+	require.ErrorAs(t, err, &named, "List names the shard that failed")
+	require.Equal(t, "b", named.Shard)
+	require.Len(t, recs, 5, "List returns the live shard's records beside the error")
 	sb.clock.Advance(2 * time.Hour)
 	res, err := l.Purge(ctx, nil)
 	require.ErrorContains(t, err, `shard "b"`)
@@ -353,4 +362,34 @@ func TestSharded_ListPagesSkipAndRepeatNothing(t *testing.T) {
 			require.Equal(t, 1, n, "limit %d: %s listed once", limit, id)
 		}
 	}
+}
+
+// ListAudit reads every shard's audit rows and merges them newest first; with a tenant
+// it reads the tenant's shard.
+func TestSharded_ListAuditMergesShards(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, sb := setupSharded(t, nil)
+	onA, onB := sb.tenantsOn(t, "a", 1)[0], sb.tenantsOn(t, "b", 1)[0]
+	var ids []int64
+	for _, tenant := range []string{onA, onB, onA} {
+		in := intent(t, tenant, fmt.Sprintf("k-%d", len(ids)), order{Item: "book", Amount: 1})
+		_, err := l.Do(ctx, in, createOrder(tenant, order{Item: "book", Amount: 1}), nil)
+		require.NoError(t, err)
+		e, err := l.Change(ctx, ledger.ActionEvict, in.Scope, in.Key, &ledger.ChangeOpts{Actor: "alice", Reason: "INC-1"})
+		require.NoError(t, err)
+		ids = append(ids, e.ID)
+	}
+	entries, err := l.ListAudit(ctx, nil)
+	require.NoError(t, err)
+	require.Len(t, entries, 3)
+	require.Equal(t, []string{onA, onB, onA}, []string{entries[2].Scope.Tenant, entries[1].Scope.Tenant, entries[0].Scope.Tenant}, "newest first across shards")
+	entries, err = l.ListAudit(ctx, &ledger.AuditOpts{Limit: 2})
+	require.NoError(t, err)
+	require.Len(t, entries, 2)
+	require.Equal(t, onA, entries[0].Scope.Tenant)
+	entries, err = l.ListAudit(ctx, &ledger.AuditOpts{Tenant: onB})
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	require.Equal(t, ids[1], entries[0].ID)
 }

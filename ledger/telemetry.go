@@ -21,7 +21,7 @@ const InstrumentationName = "github.com/oncekit/oncekit/ledger"
 // The outcomes of a ledger call, the value of the oncekit.outcome attribute of its
 // metrics and spans.
 const (
-	// OutcomeFirst: the intent ran (or, in the external mode, was claimed) for the first
+	// OutcomeFirst: the intent ran (or, for Claim, was claimed) for the first
 	// time.
 	OutcomeFirst = "first"
 	// OutcomeReplay: a stored result or failure was returned and nothing ran.

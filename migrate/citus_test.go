@@ -75,8 +75,8 @@ func TestDistribute_Colocates(t *testing.T) {
 
 	res, err := migrate.Distribute(ctx, pool, schema, &migrate.DistributeOpts{ColocateWith: q("accounts")})
 	require.NoError(t, err)
-	require.ElementsMatch(t, []string{schema + ".idempotency_records", schema + ".entity_versions"}, res.Placed)
-	for _, table := range []string{"idempotency_records", "entity_versions"} {
+	require.ElementsMatch(t, []string{schema + ".idempotency_records", schema + ".entity_versions", schema + ".agent_calls"}, res.Placed)
+	for _, table := range []string{"idempotency_records", "entity_versions", "agent_calls"} {
 		_, g := placement(t, pool, q(table))
 		require.Equal(t, agroup, g, table)
 	}

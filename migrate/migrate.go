@@ -1,8 +1,9 @@
 // Package migrate sets up oncekit's tables in one call. Each feature keeps its own
 // migration line next to the code that queries it: the ledger's records, the webhook
-// receiver's entity versions, the inbox and the outbox. Up applies them all, in that
-// order, recording each file in the schema's oncekit_migrations table; Script gives the
-// same as one plain SQL script for psql or another migration tool.
+// receiver's entity versions, the inbox, the outbox and the agents' tool calls. Up
+// applies them all, in that order, recording each file in the schema's
+// oncekit_migrations table; Script gives the same as one plain SQL script for psql or
+// another migration tool.
 package migrate
 
 import (
@@ -10,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncekit/oncekit/agent"
 	"github.com/oncekit/oncekit/inbox"
 	"github.com/oncekit/oncekit/internal/migrate"
 	"github.com/oncekit/oncekit/ledger"
@@ -38,6 +40,7 @@ func lines() []migrate.Line {
 		// The inbox's and the outbox's rows name no tenant: they stay on the coordinator.
 		{Name: inbox.MigrationLine, Files: inbox.Migrations(), Tables: []migrate.Table{{Name: "inbox_messages"}}},
 		{Name: outbox.MigrationLine, Files: outbox.Migrations(), Tables: []migrate.Table{{Name: "outbox_events"}}},
+		{Name: agent.MigrationLine, Files: agent.Migrations(), Tables: []migrate.Table{{Name: "agent_calls", Column: "tenant"}}},
 	}
 }
 

@@ -36,7 +36,16 @@ func lines(t *testing.T, conn interface {
 	return out
 }
 
-var want = map[string]int{"ledger": 3, "webhook": 1, "inbox": 1, "outbox": 4}
+var want = map[string]int{"ledger": 3, "webhook": 1, "inbox": 1, "outbox": 5, "agent": 1}
+
+// wantFiles is the number of files of every line.
+func wantFiles() int {
+	n := 0
+	for _, v := range want {
+		n += v
+	}
+	return n
+}
 
 // Every feature's line is applied once, whatever number of processes race to do it.
 func TestUp_AppliesEveryLineOnce(t *testing.T) {
@@ -61,7 +70,7 @@ func TestUp_AppliesEveryLineOnce(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	require.Equal(t, 9, applied, "each file applied by one caller")
+	require.Equal(t, wantFiles(), applied, "each file applied by one caller")
 	require.Equal(t, want, lines(t, pool, target))
 	res, err := migrate.Up(ctx, pool, target)
 	require.NoError(t, err)
@@ -130,7 +139,7 @@ func TestUp_UpgradesASchemaFromBeforeLines(t *testing.T) {
 
 	res, err := migrate.Up(ctx, pool, target)
 	require.NoError(t, err)
-	require.Len(t, res.Applied, 9)
+	require.Len(t, res.Applied, wantFiles())
 	got := lines(t, pool, target)
 	require.Equal(t, 5, got["legacy"])
 	delete(got, "legacy")
@@ -153,7 +162,7 @@ func TestStatus_PendingAppliedAndAhead(t *testing.T) {
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+target+" CASCADE") })
 	st, err := migrate.Status(ctx, pool, target)
 	require.NoError(t, err)
-	require.Len(t, st, 4)
+	require.Len(t, st, 5)
 	for _, l := range st {
 		require.Empty(t, l.Applied, l.Line)
 		require.Len(t, l.Pending, want[l.Line], l.Line)
@@ -174,9 +183,9 @@ func TestStatus_PendingAppliedAndAhead(t *testing.T) {
 	require.NoError(t, err)
 	st, err = migrate.Status(ctx, pool, target)
 	require.NoError(t, err)
-	require.Len(t, st, 5)
+	require.Len(t, st, 6)
 	require.Equal(t, 99, st[0].Ahead[0].Version)
-	require.Equal(t, "sagas", st[4].Line)
+	require.Equal(t, "sagas", st[5].Line)
 	err = migrate.Check(target, st)
 	var ahead *migrate.SchemaAheadError
 	require.ErrorAs(t, err, &ahead)

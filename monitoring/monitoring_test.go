@@ -289,6 +289,11 @@ func TestDashboard(t *testing.T) {
 			exprs = append(exprs, tg.Expr)
 		}
 	}
+	require.Contains(t, variables, "job", "the dashboard picks a deployment")
+	for _, expr := range exprs {
+		checkByJob(t, dashboardFile, expr)
+		require.Equal(t, len(selector.FindAllString(expr, -1)), strings.Count(expr, `job=~"$job"`), "%s: every selector of %s matches $job", dashboardFile, expr)
+	}
 	used := checkNames(t, dashboardFile, string(raw), e)
 	for _, family := range sortedKeys(invert(e.families)) {
 		require.True(t, used[family], "no panel of %s shows %s", dashboardFile, family)
@@ -339,10 +344,12 @@ func TestAlerts(t *testing.T) {
 			}
 			alerts = append(alerts, r.Alert)
 			checkNames(t, alertsFile+": "+r.Alert, r.Expr, e)
+			checkByJob(t, alertsFile+": "+r.Alert, r.Expr)
 		}
 	}
 	checkNames(t, alertsFile, string(raw), e)
-	for _, want := range []string{"OncekitStuckPendingRecords", "OncekitDeadEvents", "OncekitOutboxBacklogGrowing", "OncekitKeyReused"} {
+	for _, want := range []string{"OncekitStuckPendingRecords", "OncekitDeadEvents", "OncekitOutboxBacklogGrowing", "OncekitKeyReused",
+		"OncekitUncertainOutcomes", "OncekitLeaseLost", "OncekitInboxErrors"} {
 		require.Contains(t, alerts, want)
 	}
 }
@@ -362,6 +369,38 @@ func TestCheckNamesReportsUnknownNames(t *testing.T) {
 	require.Len(t, rec.errs, 2, "%v", rec.errs)
 	require.Contains(t, rec.errs[0], "oncekit_ledger_call_total")
 	require.Contains(t, rec.errs[1], `"replayed"`)
+}
+
+var (
+	// aggregation finds an aggregation and its by clause, if any.
+	aggregation = regexp.MustCompile(`\b(sum|max|min|avg|count)\s*(?:by\s*\(([^)]*)\))?\s*\(`)
+	// selector finds a selector of one of oncekit's series.
+	selector = regexp.MustCompile(`\boncekit_[a-z0-9_]+\{`)
+)
+
+// checkByJob checks that every aggregation in expr keeps the job label, so that two
+// deployments one Prometheus scrapes are not merged.
+func checkByJob(t reporter, file, expr string) {
+	t.Helper()
+	for _, m := range aggregation.FindAllStringSubmatch(expr, -1) {
+		by := strings.Split(m[2], ",")
+		for i := range by {
+			by[i] = strings.TrimSpace(by[i])
+		}
+		if !slices.Contains(by, "job") {
+			t.Errorf("%s: %q aggregates without by (job): two deployments would merge", file, m[0])
+		}
+	}
+}
+
+// The job check reports an aggregation that drops the job.
+func TestCheckByJobReportsMergedJobs(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	checkByJob(rec, "x", `max by (job) (a) and sum by (job, le) (b) / count by (le,job) (c)`)
+	require.Empty(t, rec.errs)
+	checkByJob(rec, "x", `max(a) > 0 and sum by (oncekit_topic) (b)`)
+	require.Len(t, rec.errs, 2, "%v", rec.errs)
 }
 
 // recorder keeps what a check reports.

@@ -613,14 +613,31 @@ func (d *Dispatcher) claimBatch(ctx context.Context) (*batch, error) {
 		if b.events, err = collectClaimed(rows); err != nil {
 			return nil, err
 		}
-		return b, tx.Commit(ctx)
+		if err := tx.Commit(ctx); err != nil {
+			return nil, claimErr(err)
+		}
+		return b, nil
 	}
+	// The claim commits by itself: an answer lost after it was sent leaves its events
+	// locked, or not, until the lease runs out.
 	rows, err := conn.Query(ctx, d.q.claim, d.cfg.BatchSize, lease, b.token)
 	if err != nil {
-		return nil, err
+		return nil, claimErr(err)
 	}
-	b.events, err = collectClaimed(rows)
-	return b, err
+	if b.events, err = collectClaimed(rows); err != nil {
+		return nil, claimErr(err)
+	}
+	return b, nil
+}
+
+// claimErr is the error of a batch's claim whose commit was sent: a lost answer is an
+// unknown outcome (the events it locked wait out the lease), never a claim that did not
+// happen.
+func claimErr(err error) error {
+	if !pgsql.CommitUnknown(err) {
+		return err
+	}
+	return fmt.Errorf("oncekit/outbox: the claim of a batch was sent and its answer was lost, so whether it locked events (until its lease runs out) is unknown (%w): %w", ledger.ErrOutcomeUnknown, err)
 }
 
 func collectClaimed(rows pgx.Rows) ([]claimed, error) {

@@ -50,6 +50,10 @@ type NotDeadError struct {
 	IDs []uuid.UUID
 	// Count is how many there were.
 	Count int
+	// Missing are those of IDs that no event has (never enqueued, or purged after
+	// publication), at most 20; MissingCount is how many of Count they are.
+	Missing      []uuid.UUID
+	MissingCount int
 }
 
 func (e *NotDeadError) Error() string {
@@ -61,8 +65,12 @@ func (e *NotDeadError) Error() string {
 	if e.Count > len(e.IDs) {
 		more = fmt.Sprintf(" and %d more", e.Count-len(e.IDs))
 	}
-	return fmt.Sprintf("oncekit/outbox: %d of the events to retry are not dead (%s%s): nothing was retried; list the dead events and retry those",
-		e.Count, strings.Join(ids, ", "), more)
+	missing := ""
+	if e.MissingCount > 0 {
+		missing = fmt.Sprintf("; %d of them do not exist", e.MissingCount)
+	}
+	return fmt.Sprintf("oncekit/outbox: %d of the events to retry are not dead (%s%s%s): nothing was retried; list the dead events and retry those",
+		e.Count, strings.Join(ids, ", "), more, missing)
 }
 
 // Is matches [ErrNotDead].
@@ -181,6 +189,10 @@ type RetryDeadOpts struct {
 	Topic string
 	// All chooses every dead event. Defaults to false.
 	All bool
+	// Actor and Reason say who retries the events and why: each event retried keeps an
+	// audit row with them, the database role and the event's attempts and last error,
+	// which [Outbox.ListAudit] reads back. Defaults to "": the row keeps them empty.
+	Actor, Reason string
 }
 
 // RetryDead returns dead events to the pending state with their attempts reset, as
@@ -216,19 +228,22 @@ func (o *Outbox) RetryDead(ctx context.Context, opts *RetryDeadOpts) ([]uuid.UUI
 		if ids == nil {
 			ids = []uuid.UUID{}
 		}
-		rows, err := tx.Query(ctx, `SELECT id, ordering_key FROM `+o.t+` WHERE state = 'dead'
+		rows, err := tx.Query(ctx, `SELECT id, ordering_key, topic, attempts, last_error FROM `+o.t+` WHERE state = 'dead'
 			AND (cardinality($1::uuid[]) = 0 OR id = ANY ($1::uuid[])) AND ($2 = '' OR topic = $2) ORDER BY seq LIMIT $3`,
 			ids, c.Topic, MaxRetryDead+1)
 		if err != nil {
 			return err
 		}
 		type target struct {
-			id  uuid.UUID
-			key *string
+			id        uuid.UUID
+			key       *string
+			topic     string
+			attempts  int
+			lastError *string
 		}
 		targets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (target, error) {
 			var t target
-			return t, r.Scan(&t.id, &t.key)
+			return t, r.Scan(&t.id, &t.key, &t.topic, &t.attempts, &t.lastError)
 		})
 		if err != nil {
 			return err
@@ -237,7 +252,8 @@ func (o *Outbox) RetryDead(ctx context.Context, opts *RetryDeadOpts) ([]uuid.UUI
 			return fmt.Errorf("oncekit/outbox: more than MaxRetryDead (%d) dead events match: retry them by topic or by ID, in parts", MaxRetryDead)
 		}
 		if len(c.IDs) > 0 && len(targets) != len(c.IDs) {
-			return notDead(c.IDs, targets, func(t target) uuid.UUID { return t.id })
+			nd := notDead(c.IDs, targets, func(t target) uuid.UUID { return t.id })
+			return o.findMissing(ctx, tx, c.IDs, nd)
 		}
 		var orderingKeys []string
 		for _, t := range targets {
@@ -272,6 +288,27 @@ func (o *Outbox) RetryDead(ctx context.Context, opts *RetryDeadOpts) ([]uuid.UUI
 				return nil
 			})
 		}
+		if len(targets) > 0 {
+			// The audit rows, from the events as they were read under their locks; from
+			// arrays, so that no statement reads the events' table and writes the audit
+			// table at once (Citus keeps the two apart).
+			audit := struct {
+				ids       []uuid.UUID
+				topics    []string
+				attempts  []int32
+				lastError []*string
+			}{}
+			for _, t := range targets {
+				audit.ids = append(audit.ids, t.id)
+				audit.topics = append(audit.topics, t.topic)
+				audit.attempts = append(audit.attempts, int32(t.attempts))
+				audit.lastError = append(audit.lastError, t.lastError)
+			}
+			b.Queue(`INSERT INTO `+o.audit+` (event_id, topic, action, actor, reason, attempts, last_error)
+				SELECT e.id, e.topic, 'retry', $5, $6, e.attempts, e.last_error
+				FROM unnest($1::uuid[], $2::text[], $3::int[], $4::text[]) AS e (id, topic, attempts, last_error)`,
+				audit.ids, audit.topics, audit.attempts, audit.lastError, c.Actor, c.Reason)
+		}
 		b.Queue(`SELECT pg_notify($1, '')`, o.channel)
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
@@ -295,6 +332,23 @@ func (o *Outbox) RetryDead(ctx context.Context, opts *RetryDeadOpts) ([]uuid.UUI
 		retried = []uuid.UUID{}
 	}
 	return retried, nil
+}
+
+// findMissing fills in nd which of ids no event has.
+func (o *Outbox) findMissing(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, ids []uuid.UUID, nd *NotDeadError) error {
+	rows, err := q.Query(ctx, `SELECT id FROM `+o.t+` WHERE id = ANY ($1::uuid[])`, ids)
+	if err != nil {
+		return err
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return err
+	}
+	missing := notDead(ids, found, func(id uuid.UUID) uuid.UUID { return id })
+	nd.Missing, nd.MissingCount = missing.IDs, missing.Count
+	return nd
 }
 
 // distinct returns ids without repeats, in the order of their first appearance.

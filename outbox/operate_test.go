@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -93,4 +94,66 @@ func TestOutbox_RetryDeadRepeatedID(t *testing.T) {
 	require.ErrorAs(t, err, &nd)
 	require.Equal(t, []uuid.UUID{live}, nd.IDs, "named once")
 	require.Equal(t, 1, nd.Count)
+}
+
+// A retry names the events no outbox holds apart from those that are not dead, and each
+// event retried keeps an audit row with who, why and how it died, which ListAudit reads
+// back newest first.
+func TestOutbox_RetryDeadAuditAndMissing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	d1, d2, d3 := b.enqueue(t, "a"), b.enqueue(t, "a"), b.enqueue(t, "c")
+	b.killAll(t)
+	live, absent := b.enqueue(t, "a"), uuid.New()
+
+	_, err := b.out.RetryDead(ctx, &outbox.RetryDeadOpts{IDs: []uuid.UUID{d1, live, absent}})
+	var nd *outbox.NotDeadError
+	require.ErrorAs(t, err, &nd)
+	require.Equal(t, 2, nd.Count)
+	require.ElementsMatch(t, []uuid.UUID{live, absent}, nd.IDs)
+	require.Equal(t, []uuid.UUID{absent}, nd.Missing)
+	require.Equal(t, 1, nd.MissingCount)
+	require.Contains(t, err.Error(), "1 of them do not exist")
+	entries, err := b.out.ListAudit(ctx, nil)
+	require.NoError(t, err)
+	require.Empty(t, entries, "nothing retried, nothing audited")
+
+	_, err = b.out.RetryDead(ctx, &outbox.RetryDeadOpts{IDs: []uuid.UUID{d1}, Actor: "alice", Reason: "INC-5: broker fixed"})
+	require.NoError(t, err)
+	_, err = b.out.RetryDead(ctx, &outbox.RetryDeadOpts{Topic: "c", Actor: "bob", Reason: "INC-6"})
+	require.NoError(t, err)
+	entries, err = b.out.ListAudit(ctx, nil)
+	require.NoError(t, err)
+	require.Len(t, entries, 2)
+	require.Equal(t, d3, entries[0].EventID, "newest first")
+	first := entries[1]
+	require.Equal(t, d1, first.EventID)
+	require.Equal(t, "a", first.Topic)
+	require.Equal(t, outbox.ActionRetry, first.Action)
+	require.Equal(t, "alice", first.Actor)
+	require.Equal(t, "INC-5: broker fixed", first.Reason)
+	require.NotEmpty(t, first.DBUser)
+	require.Positive(t, first.Attempts, "as it was when dead")
+	require.NotEmpty(t, first.LastError)
+
+	for opts, want := range map[*outbox.AuditOpts][]uuid.UUID{
+		{EventID: d1}:                         {d1},
+		{Topic: "c"}:                          {d3},
+		{Actor: "alice"}:                      {d1},
+		{Limit: 1}:                            {d3},
+		{Since: entries[0].At.Add(time.Hour)}: {},
+		{Until: entries[0].At}:                {d1},
+		{EventID: d2}:                         {},
+	} {
+		got, err := b.out.ListAudit(ctx, opts)
+		require.NoError(t, err)
+		ids := []uuid.UUID{}
+		for _, e := range got {
+			ids = append(ids, e.EventID)
+		}
+		require.Equal(t, want, ids, "%+v", opts)
+	}
+	_, err = b.out.ListAudit(ctx, &outbox.AuditOpts{Limit: -1})
+	require.Error(t, err)
 }

@@ -72,11 +72,14 @@ type Config struct {
 // Outbox enqueues and inspects events.
 type Outbox struct {
 	pool *pgxpool.Pool // nil on several shards
-	// shards are the outbox of each shard, for an outbox made by NewSharded.
+	// shards are the outbox of each shard, for an outbox made by NewSharded; r is the
+	// router.
 	shards  []*Outbox
+	r       *shard.Router
 	name    string // the shard's name, on a shard's outbox
 	schema  string
 	t       string
+	audit   string
 	channel string
 	tel     *telemetry
 }
@@ -95,7 +98,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 func newOutbox(r *shard.Router, cfg *Config) (*Outbox, error) {
 	c := config.Of(cfg)
 	schema := config.Or(c.Schema, SchemaDefault)
-	o := &Outbox{schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(), channel: channelName(schema)}
+	o := &Outbox{schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(),
+		audit: pgx.Identifier{schema, "outbox_audit"}.Sanitize(), channel: channelName(schema), r: r}
 	if shards := r.Shards(); len(shards) == 1 {
 		o.pool, o.name = shards[0].Pool, shards[0].Name
 	} else {

@@ -39,19 +39,19 @@ func (o *Outbox) Shard(name string) (*Outbox, error) {
 	return nil, fmt.Errorf("oncekit/outbox: no shard named %q", name)
 }
 
-// each runs fn on the outbox of every shard (o itself when it has one), and joins the
-// errors, each naming its shard.
+// each runs fn on the outbox of every shard (o itself when it has one) through the
+// router's Each, which runs them all and names each shard that failed.
 func (o *Outbox) each(fn func(v *Outbox) error) error {
 	if o.shards == nil {
 		return fn(o)
 	}
-	var errs []error
-	for _, v := range o.shards {
-		if err := fn(v); err != nil {
-			errs = append(errs, fmt.Errorf("shard %q: %w", v.name, err))
+	return o.r.Each(func(s shard.Shard) error {
+		v, err := o.Shard(s.Name)
+		if err != nil {
+			return err
 		}
-	}
-	return errors.Join(errs...)
+		return fn(v)
+	})
 }
 
 // oldestDead gathers what list finds on every shard and keeps the limit oldest.
@@ -90,7 +90,23 @@ func (o *Outbox) retryDeadAcross(ctx context.Context, c RetryDeadOpts) ([]uuid.U
 			return nil, fmt.Errorf("oncekit/outbox: retry dead events: %w", err)
 		}
 		if len(found) != len(c.IDs) {
-			return nil, notDead(c.IDs, found, func(id uuid.UUID) uuid.UUID { return id })
+			nd := notDead(c.IDs, found, func(id uuid.UUID) uuid.UUID { return id })
+			var exist []uuid.UUID
+			err := o.each(func(v *Outbox) error {
+				rows, err := v.pool.Query(ctx, `SELECT id FROM `+v.t+` WHERE id = ANY ($1::uuid[])`, c.IDs)
+				if err != nil {
+					return err
+				}
+				ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+				exist = append(exist, ids...)
+				return err
+			})
+			if err != nil {
+				return nil, fmt.Errorf("oncekit/outbox: retry dead events: %w", err)
+			}
+			missing := notDead(c.IDs, exist, func(id uuid.UUID) uuid.UUID { return id })
+			nd.Missing, nd.MissingCount = missing.IDs, missing.Count
+			return nil, nd
 		}
 	}
 	retried := []uuid.UUID{}

@@ -21,6 +21,10 @@ const (
 	// ErrTypeLeaseLost: an external-effect attempt lost its claim to a newer attempt.
 	// Retryable: the retry replays the newer attempt's result.
 	ErrTypeLeaseLost = "oncekit.LeaseLost"
+	// ErrTypeOutcomeUnknown: the activity's commit was sent and its answer was lost, so
+	// its effect may have committed. Retryable: the retry replays the result if it did,
+	// and runs the activity's effect once if it did not. Never a rollback.
+	ErrTypeOutcomeUnknown = "oncekit.OutcomeUnknown"
 	// ErrTypeCompensated: a saga's step failed and every compensation succeeded; the
 	// saga ended with this error. Not retryable.
 	ErrTypeCompensated = "oncekit.saga.Compensated"

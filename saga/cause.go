@@ -8,6 +8,8 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/oncekit/oncekit/internal/sagarec"
 )
 
 // Bounds of a recorded cause: how deep its chain goes, and its size once encoded.
@@ -20,7 +22,7 @@ const (
 // (type, message, non-retryable, the activity it came from, its own causes), so that a
 // run that replays the saga's outcome, or takes the saga over, rebuilds the same error,
 // which errors.As and errors.Is see as the first run's. Stack traces are left out and
-// messages bounded; a cause still too large is not recorded (Compensating's ErrType and
+// messages bounded; a cause still too large is not recorded (the compensating record's ErrType and
 // ErrMessage then stand for it).
 func encodeCause(cause error) json.RawMessage {
 	if cause == nil {
@@ -61,6 +63,6 @@ func decodeCause(b json.RawMessage) error {
 // legacyMessage reports whether an outcome's message was recorded whole, as
 // ApplicationError.Error() prints it (type and cause included), as runs did before the
 // cause was recorded on its own: such a message is replayed as it is, without a cause.
-func legacyMessage(r Recorded) bool {
+func legacyMessage(r sagarec.Recorded) bool {
 	return strings.Contains(r.ErrMessage, " (type: "+r.ErrType+", retryable: false)")
 }

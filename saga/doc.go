@@ -81,8 +81,8 @@
 //
 // # Recording
 //
-// The saga is recorded through four activities on the ledger: [ActivityBegin],
-// [ActivityHold], [ActivityCompensating] and [ActivityEnd], registered by the worker
+// The saga is recorded through four activities on the ledger: oncekit.saga.Begin,
+// oncekit.saga.Hold, oncekit.saga.Compensating and oncekit.saga.End, registered by the worker
 // plugin and the testsuite environments (or by activity.RegisterSaga), so workflow code
 // stays free of pgx. All but End run as local activities, in the workflow's own tasks;
 // they retry like compensations, so an outage of the database delays the saga instead of

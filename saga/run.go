@@ -12,86 +12,17 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/policy"
 )
 
-// Names of the activities that record a saga in the ledger. Workers register them
-// (oncekit's worker plugin and the testsuite environments do; see activity.RegisterSaga).
-const (
-	// ActivityBegin claims the saga's key, or returns the outcome recorded under it. Run
-	// calls it first as a local activity, which answers at once; when another run holds
-	// the key, Run calls it again as an activity, which waits for that run.
-	ActivityBegin = "oncekit.saga.Begin"
-	// ActivityHold renews the run's claim on the saga's key and says what the key holds:
-	// still this run's, ended (with its outcome), taken over by another run, or
-	// compensating. A local activity, run before each step and each compensation, and
-	// every third of the lease while the saga runs.
-	ActivityHold = "oncekit.saga.Hold"
-	// ActivityCompensating records, before the first compensation runs, that the saga is
-	// compensating, why, and which steps it had registered. A local activity.
-	ActivityCompensating = "oncekit.saga.Compensating"
-	// ActivityEnd records the saga's outcome under its key.
-	ActivityEnd = "oncekit.saga.End"
-	// Operation is the operation saga keys are recorded under in the ledger.
-	Operation = "oncekit.saga"
-	// CompensatingPurpose derives, from the saga's key, the key under which
-	// [ActivityCompensating] records that the saga is compensating.
-	CompensatingPurpose = "compensating"
-)
+// Operation is the operation saga keys are recorded under in the ledger.
+const Operation = "oncekit.saga"
 
-// BeginRequest is the input of [ActivityBegin] and [ActivityHold].
-type BeginRequest struct {
-	Key keys.Key `json:"key"`
-	// Token identifies the run that owns the key; the run's retried activities present
-	// the same token and resume its claim.
-	Token       uuid.UUID        `json:"token"`
-	Lease       time.Duration    `json:"lease"`
-	Fingerprint keys.Fingerprint `json:"fingerprint"`
-}
-
-// Recorded is what the saga's key holds: the output of the record activities, and the
-// outcome [ActivityEnd] records.
-type Recorded struct {
-	// Ended is true when the saga's outcome is recorded (Begin, Hold, End), or being
-	// recorded (the input of End).
-	Ended bool `json:"ended"`
-	// Result is the saga's result as JSON, when it completed.
-	Result json.RawMessage `json:"result,omitempty"`
-	// ErrType and ErrMessage describe how it failed, when it did: the type and message
-	// of the ApplicationError the saga ended with. Its cause is the one Compensating
-	// records.
-	ErrType    string `json:"err_type,omitempty"`
-	ErrMessage string `json:"err_message,omitempty"`
-	// Held is true when another run holds the key (Begin as a local activity, Hold): this
-	// run waits for it with [ActivityBegin] and returns its outcome.
-	Held bool `json:"held,omitempty"`
-	// Compensating is set when the saga began compensating and has not ended (Begin,
-	// Hold, Compensating, End): every run of it then compensates. Beside a recorded
-	// failure (Ended with ErrType), it is the record the saga compensated under, whose
-	// cause the replayed error carries.
-	Compensating *Compensating `json:"compensating,omitempty"`
-}
-
-// Compensating is what a saga records when it begins to compensate: why, and which
-// steps it had registered, in order. A run that takes the saga over, or a reset run,
-// finds it and compensates too, instead of running the saga forward over money that is
-// partly given back.
-type Compensating struct {
-	// ErrType and ErrMessage are the failure's type (of the first ApplicationError in
-	// its chain) and text, for people and for runs that recorded no Cause.
-	ErrType    string `json:"err_type,omitempty"`
-	ErrMessage string `json:"err_message"`
-	// Cause is the failure as Temporal encodes one (a failure.v1.Failure in protojson),
-	// from which a later run rebuilds the same error. Empty for a saga compensated
-	// without a cause, or a cause too large to record.
-	Cause json.RawMessage `json:"cause,omitempty"`
-	Steps []string        `json:"steps"`
-}
-
-// cause returns the recorded failure as an error, or nil when the saga compensated
+// causeOf returns the recorded failure as an error, or nil when the saga compensated
 // without one.
-func (c *Compensating) cause() error {
+func causeOf(c *sagarec.Compensating) error {
 	if err := decodeCause(c.Cause); err != nil {
 		return err
 	}
@@ -103,18 +34,6 @@ func (c *Compensating) cause() error {
 	msg := strings.TrimSuffix(c.ErrMessage, " (type: "+c.ErrType+", retryable: false)")
 	msg = strings.TrimSuffix(msg, " (type: "+c.ErrType+", retryable: true)")
 	return temporal.NewNonRetryableApplicationError(msg, c.ErrType, nil)
-}
-
-// CompensatingRequest is the input of [ActivityCompensating].
-type CompensatingRequest struct {
-	BeginRequest
-	Compensating Compensating `json:"compensating"`
-}
-
-// EndRequest is the input of [ActivityEnd].
-type EndRequest struct {
-	BeginRequest
-	Outcome Recorded `json:"outcome"`
 }
 
 // Run runs fn as the saga keyed by opts.Key and records how it ended under that key:
@@ -132,8 +51,8 @@ type EndRequest struct {
 // fn must not continue as new: a [workflow.ContinueAsNewError] from fn is refused, and
 // the saga compensates with a cause of type [policy.ErrTypeContinueAsNewRefused].
 //
-// Recording goes through the activities [ActivityBegin], [ActivityHold],
-// [ActivityCompensating] and [ActivityEnd] on the ledger, so workflow code stays free of
+// Recording goes through the activities oncekit.saga.Begin, oncekit.saga.Hold,
+// oncekit.saga.Compensating and oncekit.saga.End on the ledger, so workflow code stays free of
 // pgx. A worker that lacks them fails the workflow at once with
 // [policy.ErrTypePluginMissing].
 func Run[T any](ctx workflow.Context, opts *Opts, fn func(ctx workflow.Context, s *Saga) (T, error)) (T, error) {
@@ -200,17 +119,17 @@ func finish[T any](ctx workflow.Context, s *Saga, out T, err error) (T, error) {
 			s.status.Phase, s.status.Compensating = "ended", nil
 			return replay[T](*s.ended)
 		}
-		var end Recorded
+		var end sagarec.Recorded
 		if err == nil && s.marker == nil {
 			body, merr := json.Marshal(out)
 			if merr != nil {
 				return zero, fmt.Errorf("oncekit/saga: encode the saga's result: %w", merr)
 			}
-			end = Recorded{Ended: true, Result: body}
+			end = sagarec.Recorded{Ended: true, Result: body}
 		} else {
 			cause := err
 			if cause == nil {
-				cause = s.marker.cause()
+				cause = causeOf(s.marker)
 			}
 			var cerr *CompensationError
 			errors.As(s.Compensate(ctx, cause), &cerr) // Compensate always returns one
@@ -220,10 +139,10 @@ func finish[T any](ctx workflow.Context, s *Saga, out T, err error) (T, error) {
 			out, err = zero, cerr.ApplicationError()
 			// The message without the cause: the compensating record holds the cause, and
 			// a replay rebuilds the error whole from both.
-			end = Recorded{Ended: true, ErrType: cerr.errType(), ErrMessage: cerr.summary()}
+			end = sagarec.Recorded{Ended: true, ErrType: cerr.errType(), ErrMessage: cerr.summary()}
 		}
 		s.status.Phase, s.status.Compensating = "ended", nil
-		var got Recorded
+		var got sagarec.Recorded
 		if rerr := s.record(ctx, end, &got); rerr != nil {
 			return zero, errors.Join(err, fmt.Errorf("oncekit/saga: record the outcome under %s: %w", s.key, rerr))
 		}
@@ -252,15 +171,15 @@ func finish[T any](ctx workflow.Context, s *Saga, out T, err error) (T, error) {
 		"oncekit/saga: the saga's key changed under this run more than once: look at the key "+string(s.key), policy.ErrTypeInvalid, nil)
 }
 
-// record runs [ActivityEnd], even when the workflow was cancelled meanwhile.
-func (s *Saga) record(ctx workflow.Context, end Recorded, got *Recorded) error {
+// record runs oncekit.saga.End, even when the workflow was cancelled meanwhile.
+func (s *Saga) record(ctx workflow.Context, end sagarec.Recorded, got *sagarec.Recorded) error {
 	dctx, _ := workflow.NewDisconnectedContext(ctx)
 	dctx = workflow.WithActivityOptions(dctx, recordOptions())
-	return workflow.ExecuteActivity(dctx, ActivityEnd, EndRequest{BeginRequest: s.req, Outcome: end}).Get(dctx, got)
+	return workflow.ExecuteActivity(dctx, sagarec.ActivityEnd, sagarec.EndRequest{BeginRequest: s.req, Outcome: end}).Get(dctx, got)
 }
 
 // sameOutcome reports whether the key holds the outcome this run recorded.
-func sameOutcome(got, sent Recorded) bool {
+func sameOutcome(got, sent sagarec.Recorded) bool {
 	if got.ErrType != sent.ErrType || got.ErrMessage != sent.ErrMessage {
 		return false
 	}
@@ -270,9 +189,9 @@ func sameOutcome(got, sent Recorded) bool {
 // runUnheld is Run as it was before runs held their keys, for histories written then.
 func runUnheld[T any](ctx workflow.Context, s *Saga, fn func(ctx workflow.Context, s *Saga) (T, error)) (T, error) {
 	var zero T
-	var begun Recorded
+	var begun sagarec.Recorded
 	bctx := workflow.WithActivityOptions(ctx, recordOptions())
-	if err := workflow.ExecuteActivity(bctx, ActivityBegin, s.req).Get(bctx, &begun); err != nil {
+	if err := workflow.ExecuteActivity(bctx, sagarec.ActivityBegin, s.req).Get(bctx, &begun); err != nil {
 		return zero, err
 	}
 	if begun.Ended {
@@ -280,44 +199,44 @@ func runUnheld[T any](ctx workflow.Context, s *Saga, fn func(ctx workflow.Contex
 		return replay[T](begun)
 	}
 	out, err := fn(workflow.WithValue(ctx, heldKey(s.key), true), s)
-	var end Recorded
+	var end sagarec.Recorded
 	if err == nil {
 		body, merr := json.Marshal(out)
 		if merr != nil {
 			return zero, fmt.Errorf("oncekit/saga: encode the saga's result: %w", merr)
 		}
-		end = Recorded{Ended: true, Result: body}
+		end = sagarec.Recorded{Ended: true, Result: body}
 	} else {
 		var cerr *CompensationError
 		errors.As(s.Compensate(ctx, err), &cerr) // Compensate always returns one
 		err = cerr.ApplicationError()
-		end = Recorded{Ended: true, ErrType: cerr.errType(), ErrMessage: err.Error()}
+		end = sagarec.Recorded{Ended: true, ErrType: cerr.errType(), ErrMessage: err.Error()}
 	}
 	s.status.Phase, s.status.Compensating = "ended", nil
 	dctx, _ := workflow.NewDisconnectedContext(ctx)
 	dctx = workflow.WithActivityOptions(dctx, recordOptions())
-	if rerr := workflow.ExecuteActivity(dctx, ActivityEnd, EndRequest{BeginRequest: s.req, Outcome: end}).Get(dctx, nil); rerr != nil {
+	if rerr := workflow.ExecuteActivity(dctx, sagarec.ActivityEnd, sagarec.EndRequest{BeginRequest: s.req, Outcome: end}).Get(dctx, nil); rerr != nil {
 		return zero, errors.Join(err, fmt.Errorf("oncekit/saga: record the outcome under %s: %w", s.key, rerr))
 	}
 	return out, err
 }
 
-func (s *Saga) beginRequest(ctx workflow.Context) (BeginRequest, error) {
+func (s *Saga) beginRequest(ctx workflow.Context) (sagarec.BeginRequest, error) {
 	fp, err := keys.FingerprintJSON(s.opts.Request)
 	if err != nil {
-		return BeginRequest{}, fmt.Errorf("oncekit/saga: fingerprint Options.Request: %w", err)
+		return sagarec.BeginRequest{}, fmt.Errorf("oncekit/saga: Opts.Request does not encode as JSON: %w", err)
 	}
 	info := workflow.GetInfo(ctx)
 	// The same workflow run (and a reset of it) presents the same token.
 	token := uuid.NewSHA1(uuid.NameSpaceURL, []byte("oncekit-saga\x00"+info.WorkflowExecution.ID+"\x00"+originalRun(info)+"\x00"+string(s.key)))
-	return BeginRequest{Key: s.key, Token: token, Lease: s.opts.Lease, Fingerprint: fp}, nil
+	return sagarec.BeginRequest{Key: string(s.key), Token: token, Lease: s.opts.Lease, Fingerprint: string(fp)}, nil
 }
 
 // begin claims the key: at once through the local activity, which also proves the
 // worker can record sagas, then, if another run holds the key, by waiting for it.
-func (s *Saga) begin(ctx workflow.Context) (Recorded, error) {
-	var r Recorded
-	if err := workflow.ExecuteLocalActivity(localOptions(ctx), ActivityBegin, s.req).Get(ctx, &r); err != nil {
+func (s *Saga) begin(ctx workflow.Context) (sagarec.Recorded, error) {
+	var r sagarec.Recorded
+	if err := workflow.ExecuteLocalActivity(localOptions(ctx), sagarec.ActivityBegin, s.req).Get(ctx, &r); err != nil {
 		if strings.Contains(err.Error(), "is not registered by the worker") {
 			return r, pluginMissing()
 		}
@@ -331,15 +250,15 @@ func (s *Saga) begin(ctx workflow.Context) (Recorded, error) {
 
 // wait waits, through the Begin activity, for the run that holds the key: it returns
 // that run's outcome, or this run's claim when that run's lease ran out.
-func (s *Saga) wait(ctx workflow.Context) (Recorded, error) {
-	var r Recorded
+func (s *Saga) wait(ctx workflow.Context) (sagarec.Recorded, error) {
+	var r sagarec.Recorded
 	bctx := workflow.WithActivityOptions(ctx, recordOptions())
-	err := workflow.ExecuteActivity(bctx, ActivityBegin, s.req).Get(bctx, &r)
+	err := workflow.ExecuteActivity(bctx, sagarec.ActivityBegin, s.req).Get(bctx, &r)
 	return r, err
 }
 
 func pluginMissing() error {
-	return temporal.NewNonRetryableApplicationError("oncekit/saga: this worker cannot record sagas: "+ActivityBegin+
+	return temporal.NewNonRetryableApplicationError("oncekit/saga: this worker cannot record sagas: "+sagarec.ActivityBegin+
 		" is not registered on it. Add oncekit's plugin to the client (client.Options{Plugins: ...} with worker.NewPlugin), "+
 		"or call activity.RegisterSaga and use worker.Interceptor on a worker built by hand; in a test on Temporal's own "+
 		"environment, call testsuite.RegisterSagaInMemory(env)", policy.ErrTypePluginMissing, nil)
@@ -348,8 +267,8 @@ func pluginMissing() error {
 // hold renews the run's claim and learns what the key holds: an outcome (s.ended), a
 // compensation begun (s.marker), or another run's claim, which it waits for.
 func (s *Saga) hold(ctx workflow.Context) error {
-	var r Recorded
-	if err := workflow.ExecuteLocalActivity(localOptions(ctx), ActivityHold, s.req).Get(ctx, &r); err != nil {
+	var r sagarec.Recorded
+	if err := workflow.ExecuteLocalActivity(localOptions(ctx), sagarec.ActivityHold, s.req).Get(ctx, &r); err != nil {
 		return err
 	}
 	if r.Held {
@@ -365,7 +284,7 @@ func (s *Saga) hold(ctx workflow.Context) error {
 }
 
 // learn notes what the key holds.
-func (s *Saga) learn(r Recorded) {
+func (s *Saga) learn(r sagarec.Recorded) {
 	switch {
 	case r.Ended:
 		s.ended = &r
@@ -384,7 +303,7 @@ func (s *Saga) keepHolding(ctx workflow.Context) (stop func()) {
 	every := max(s.opts.Lease/3, holdEveryMin)
 	workflow.GoNamed(hctx, "oncekit.saga.hold", func(ctx workflow.Context) {
 		for workflow.Sleep(ctx, every) == nil {
-			_ = workflow.ExecuteLocalActivity(localOptions(ctx), ActivityHold, s.req).Get(ctx, nil)
+			_ = workflow.ExecuteLocalActivity(localOptions(ctx), sagarec.ActivityHold, s.req).Get(ctx, nil)
 		}
 	})
 	return cancel
@@ -413,12 +332,12 @@ func localOptions(ctx workflow.Context) workflow.Context {
 const recordAttemptTimeout = 10 * time.Second
 
 // replay returns a recorded outcome as Run returns a fresh one.
-func replay[T any](r Recorded) (T, error) {
+func replay[T any](r sagarec.Recorded) (T, error) {
 	var out T
 	if r.ErrType != "" {
 		var cause error
 		if r.Compensating != nil && !legacyMessage(r) {
-			cause = r.Compensating.cause()
+			cause = causeOf(r.Compensating)
 		}
 		return out, temporal.NewNonRetryableApplicationError(r.ErrMessage, r.ErrType, cause)
 	}

@@ -13,6 +13,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
 
+	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/policy"
 )
@@ -40,7 +41,9 @@ func CompensationOptionsDefault() workflow.ActivityOptions {
 // then takes the saga over.
 const LeaseDefault = 24 * time.Hour
 
-// Opts configure a [Saga]. A nil *Opts means all defaults.
+// Opts configure a [Saga]. A nil *Opts, or the zero Opts, means all defaults. Options
+// no run can use (an invalid Key, a negative Lease, a Request that does not encode as
+// JSON) end [Run] at once, before any step, with an error that names the field.
 type Opts struct {
 	// Key is the saga's key: its outcome is recorded under it and its steps' keys derive
 	// from it. Use the business intent, such as the key keys.Business("transfer",
@@ -48,24 +51,28 @@ type Opts struct {
 	// first one's outcome.
 	// Defaults to a key from the workflow ID and the run's original run ID: stable across
 	// resets and retries of a workflow task, new for each continue-as-new run and each
-	// retry of the whole workflow, so each of those runs its saga afresh.
+	// retry of the whole workflow, so each of those runs its saga afresh. A key that
+	// keys.Key.Validate refuses ends Run with a *keys.ValidationError.
 	Key keys.Key
 	// Request is what the saga was started for, such as the transfer. A later run with
 	// the same key and a different Request is refused with a non-retryable
-	// [policy.ErrTypeKeyReused]. Defaults to nil: the key alone identifies the saga.
+	// [policy.ErrTypeKeyReused]. It is fingerprinted as canonical JSON, so it must
+	// encode with encoding/json. Defaults to nil: the key alone identifies the saga.
 	Request any
 	// Lease is how long a run may go without renewing its claim on the saga's key before
 	// a second run with the same key may take the saga over. A live run renews it before
 	// each step and compensation and every third of the lease, so a long step or
 	// compensation never loses the key; the lease only bounds how long a dead run (its
 	// workflow terminated, or no worker running it) keeps others waiting. Keep it above a
-	// few seconds. Defaults to the workflow's execution timeout, or [LeaseDefault].
+	// few seconds. Defaults to the workflow's execution timeout, or [LeaseDefault]; a
+	// negative Lease ends Run with an error.
 	Lease time.Duration
 	// Parallel runs the compensations all at once instead of in reverse order.
 	// Defaults to false.
 	Parallel bool
-	// CompensationOptions are the compensations' activity options. Defaults to
-	// [CompensationOptionsDefault].
+	// CompensationOptions are the compensations' activity options, used as they are.
+	// Defaults to [CompensationOptionsDefault] (nil): a minute per attempt, retried with
+	// capped backoff for up to policy.CompensationDeadlineDefault.
 	CompensationOptions *workflow.ActivityOptions
 }
 
@@ -93,14 +100,14 @@ type Saga struct {
 	comps       []compensation
 	compensated *CompensationError
 	status      Status
-	req         BeginRequest
+	req         sagarec.BeginRequest
 	// held is set when the run holds its key through the record activities at each
 	// boundary (every run since the saga's commands were versioned).
 	held bool
 	// ended is the outcome the key holds, once the run finds one it did not record.
-	ended *Recorded
+	ended *sagarec.Recorded
 	// marker is set when the saga began compensating, in this run or an earlier one.
-	marker *Compensating
+	marker *sagarec.Compensating
 	// steps counts the calls of Do, to replay the steps a marker lists.
 	steps int
 }
@@ -157,7 +164,7 @@ func newSaga(ctx workflow.Context, opts *Opts) (*Saga, error) {
 		o.CompensationOptions = &co
 	}
 	if o.Lease < 0 {
-		return nil, errors.New("oncekit/saga: Options.Lease must not be negative")
+		return nil, errors.New("oncekit/saga: Opts.Lease must not be negative: leave it 0 for the default")
 	}
 	if o.Lease == 0 {
 		o.Lease = LeaseDefault
@@ -232,7 +239,7 @@ func (s *Saga) Do(ctx workflow.Context, step Step, result any) error {
 			}
 		}
 		if m := s.marker; m != nil && (i >= len(m.Steps)-1 || m.Steps[i] != step.Name) {
-			if err := m.cause(); err != nil {
+			if err := causeOf(m); err != nil {
 				return err
 			}
 			return errBeganCompensating
@@ -292,7 +299,7 @@ func withStepOptions(ctx workflow.Context) workflow.Context {
 // error without running anything.
 //
 // Before the first compensation, Compensate records that the saga is compensating (see
-// [ActivityCompensating]); if an earlier run of the saga recorded it first, that run's
+// oncekit.saga.Compensating); if an earlier run of the saga recorded it first, that run's
 // cause is the one reported. Before each compensation it renews the run's claim; a run
 // that finds the saga's outcome recorded (a reset run) runs no more compensations.
 func (s *Saga) Compensate(ctx workflow.Context, cause error) error {
@@ -383,9 +390,9 @@ func (s *Saga) beginCompensating(ctx workflow.Context, cause error) (reported, e
 		return cause, nil
 	}
 	if s.marker != nil {
-		return s.marker.cause(), nil
+		return causeOf(s.marker), nil
 	}
-	mine := Compensating{Steps: slices.Clone(s.status.Steps), Cause: encodeCause(cause)}
+	mine := sagarec.Compensating{Steps: slices.Clone(s.status.Steps), Cause: encodeCause(cause)}
 	if cause != nil {
 		mine.ErrMessage = boundedText(cause.Error())
 	}
@@ -397,9 +404,9 @@ func (s *Saga) beginCompensating(ctx workflow.Context, cause error) (reported, e
 		mine.Steps = []string{}
 	}
 	for range 3 { // the key may be taken over and given back meanwhile
-		var r Recorded
-		err := workflow.ExecuteLocalActivity(localOptions(ctx), ActivityCompensating,
-			CompensatingRequest{BeginRequest: s.req, Compensating: mine}).Get(ctx, &r)
+		var r sagarec.Recorded
+		err := workflow.ExecuteLocalActivity(localOptions(ctx), sagarec.ActivityCompensating,
+			sagarec.CompensatingRequest{BeginRequest: s.req, Compensating: mine}).Get(ctx, &r)
 		if err != nil {
 			return cause, err
 		}
@@ -412,7 +419,7 @@ func (s *Saga) beginCompensating(ctx workflow.Context, cause error) (reported, e
 				return cause, nil
 			}
 			if s.marker != nil {
-				return s.marker.cause(), nil
+				return causeOf(s.marker), nil
 			}
 			continue
 		}
@@ -423,7 +430,7 @@ func (s *Saga) beginCompensating(ctx workflow.Context, cause error) (reported, e
 		if s.marker.ErrMessage == mine.ErrMessage && s.marker.ErrType == mine.ErrType {
 			return cause, nil // this run's record
 		}
-		return s.marker.cause(), nil
+		return causeOf(s.marker), nil
 	}
 	return cause, nil
 }

@@ -66,6 +66,39 @@ func (e *WrongShardError) Error() string {
 // Is reports whether target is [ErrWrongShard].
 func (e *WrongShardError) Is(target error) bool { return target == ErrWrongShard }
 
+// Error is an error met on one shard of several, naming it. Calls on a router of
+// several shards return their errors wrapped in one, so that an operator knows which
+// server to look at; errors.Is and errors.As see through it.
+type Error struct {
+	// Shard is the shard's name.
+	Shard string
+	// Err is the error met there.
+	Err error
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("shard %q: %v", e.Shard, e.Err) }
+
+// Unwrap returns the error met on the shard.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Name wraps err, met on tenant's shard, in an [*Error] naming that shard when the
+// router has several; a nil err, an err that already names a shard, a router of one
+// shard and a tenant that no shard takes leave err as it is.
+func (r *Router) Name(tenant string, err error) error {
+	if err == nil || len(r.shards) == 1 {
+		return err
+	}
+	var named *Error
+	if errors.As(err, &named) {
+		return err
+	}
+	s, ferr := r.For(tenant)
+	if ferr != nil {
+		return err
+	}
+	return &Error{Shard: s.Name, Err: err}
+}
+
 // Router maps tenants to shards. It is safe for concurrent use.
 type Router struct {
 	shards []Shard
@@ -164,7 +197,7 @@ func (r *Router) Each(fn func(s Shard) error) error {
 	for _, s := range r.shards {
 		if err := fn(s); err != nil {
 			if len(r.shards) > 1 {
-				err = fmt.Errorf("shard %q: %w", s.Name, err)
+				err = &Error{Shard: s.Name, Err: err}
 			}
 			errs = append(errs, err)
 		}

@@ -3,6 +3,7 @@ package testsuite
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -10,7 +11,6 @@ import (
 	"go.temporal.io/sdk/interceptor"
 	ttestsuite "go.temporal.io/sdk/testsuite"
 	tworker "go.temporal.io/sdk/worker"
-	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/activity"
 	"github.com/oncekit/oncekit/devenv"
@@ -18,19 +18,29 @@ import (
 	"github.com/oncekit/oncekit/worker"
 )
 
-// TenantPrefix begins the tenant of test environments that name none. Each
-// environment gets its own tenant ("test-" and a random suffix), because Temporal's
-// in-memory environment gives every workflow the same run ID, and run-scoped keys of two
-// environments on one ledger would otherwise collide.
+// TenantPrefix begins the tenant of test environments that name none. Each such
+// environment gets a tenant of its own, TenantPrefix, a hyphen and 8 random hex digits
+// (such as "test-3f9a1c2e"), because Temporal's in-memory environment gives every
+// workflow the same run ID ("default-test-run-id"), and run-scoped keys of two
+// environments on one ledger would otherwise collide: the second would replay the
+// first one's results.
 const TenantPrefix = "test"
 
-// EnvConfig configure [NewWorkflowEnvironment]. A nil *EnvConfig means all defaults.
+// EnvConfig configures [NewWorkflowEnvironment]. A nil *EnvConfig means all defaults.
 type EnvConfig struct {
-	// Ledger is put in every activity's context. Defaults to none, for workflows whose
-	// activities do not use oncekit.
+	// Ledger is put in every activity's context, where package activity finds it.
+	// Defaults to none, for workflows whose activities do not use oncekit; a guarded
+	// activity then fails with a non-retryable error of type policy.ErrTypeInvalid
+	// that says no ledger is configured.
 	Ledger *ledger.Ledger
-	// Tenant is every activity's tenant unless the workflow carries one. Defaults to
-	// [TenantPrefix].
+	// Tenant is every activity's tenant unless the workflow carries one (see
+	// keys.WithTenant). Defaults to a tenant of this environment's own: [TenantPrefix],
+	// a hyphen and 8 random hex digits, different for every call of
+	// NewWorkflowEnvironment, so that environments sharing a ledger never replay each
+	// other's records. Give two environments the same Tenant when the second should
+	// replay what the first stored. A Tenant that keys.Scope refuses (longer than
+	// keys.MaxScopeLen bytes, or with a byte outside printable ASCII) fails each guarded
+	// activity with a non-retryable error of type policy.ErrTypeInvalid.
 	Tenant string
 	// Faults is the fault plan to carry out. Defaults to none.
 	Faults *FaultPlan
@@ -69,11 +79,16 @@ func NewWorkflowEnvironment(opts *EnvConfig) *ttestsuite.TestWorkflowEnvironment
 		ics = append(ics, o.Faults.Interceptor())
 	}
 	ics = append(ics, worker.Interceptor(o.Ledger, o.Tenant))
-	env.SetWorkerOptions(tworker.Options{Interceptors: ics})
-	env.SetContextPropagators([]workflow.ContextPropagator{worker.TenantPropagator()})
+	// A workflow task may take 10 s, not the SDK's 1 s, before it is reported as a
+	// deadlock: tests run under the race detector, often on a busy machine.
+	env.SetWorkerOptions(tworker.Options{Interceptors: ics, DeadlockDetectionTimeout: deadlockDetectionTimeout})
 	activity.RegisterSaga(env)
 	return env
 }
+
+// deadlockDetectionTimeout is how long a workflow task of a test environment may run
+// before it is reported as a deadlock.
+const deadlockDetectionTimeout = 10 * time.Second
 
 // Querier runs a query: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
 type Querier interface {

@@ -8,9 +8,9 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/oncekit/oncekit/activity"
+	"github.com/oncekit/oncekit/internal/sagarec"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/policy"
-	"github.com/oncekit/oncekit/saga"
 )
 
 // RegisterSagaInMemory registers on r stand-ins for the activities package saga records
@@ -30,10 +30,10 @@ import (
 // records on a ledger instead.
 func RegisterSagaInMemory(r activity.Registry) {
 	m := &sagaRecords{recs: map[keys.Key]*sagaRecord{}}
-	r.RegisterActivityWithOptions(m.begin, tactivity.RegisterOptions{Name: saga.ActivityBegin})
-	r.RegisterActivityWithOptions(m.hold, tactivity.RegisterOptions{Name: saga.ActivityHold})
-	r.RegisterActivityWithOptions(m.compensating, tactivity.RegisterOptions{Name: saga.ActivityCompensating})
-	r.RegisterActivityWithOptions(m.end, tactivity.RegisterOptions{Name: saga.ActivityEnd})
+	r.RegisterActivityWithOptions(m.begin, tactivity.RegisterOptions{Name: sagarec.ActivityBegin})
+	r.RegisterActivityWithOptions(m.hold, tactivity.RegisterOptions{Name: sagarec.ActivityHold})
+	r.RegisterActivityWithOptions(m.compensating, tactivity.RegisterOptions{Name: sagarec.ActivityCompensating})
+	r.RegisterActivityWithOptions(m.end, tactivity.RegisterOptions{Name: sagarec.ActivityEnd})
 }
 
 // sagaRecords are saga records in memory.
@@ -43,18 +43,18 @@ type sagaRecords struct {
 }
 
 type sagaRecord struct {
-	req   saga.BeginRequest
-	ended *saga.Recorded
-	comp  *saga.Compensating
+	req   sagarec.BeginRequest
+	ended *sagarec.Recorded
+	comp  *sagarec.Compensating
 }
 
 // lookup returns the key's record, creating it for req when there is none; owned
 // reports whether req's run holds it. The caller holds m.mu.
-func (m *sagaRecords) lookup(req saga.BeginRequest) (rec *sagaRecord, owned bool, err error) {
-	rec, ok := m.recs[req.Key]
+func (m *sagaRecords) lookup(req sagarec.BeginRequest) (rec *sagaRecord, owned bool, err error) {
+	rec, ok := m.recs[keys.Key(req.Key)]
 	if !ok {
 		rec = &sagaRecord{req: req}
-		m.recs[req.Key] = rec
+		m.recs[keys.Key(req.Key)] = rec
 	}
 	if rec.req.Fingerprint != req.Fingerprint {
 		return nil, false, temporal.NewNonRetryableApplicationError("oncekit/testsuite: the saga's key "+string(req.Key)+
@@ -64,76 +64,76 @@ func (m *sagaRecords) lookup(req saga.BeginRequest) (rec *sagaRecord, owned bool
 }
 
 // inProgress is the answer to a run that must wait for the run holding the key.
-func inProgress(ctx context.Context, req saga.BeginRequest) (saga.Recorded, error) {
+func inProgress(ctx context.Context, req sagarec.BeginRequest) (sagarec.Recorded, error) {
 	if tactivity.GetInfo(ctx).IsLocalActivity {
-		return saga.Recorded{Held: true}, nil
+		return sagarec.Recorded{Held: true}, nil
 	}
-	return saga.Recorded{}, temporal.NewApplicationError("oncekit/testsuite: another run holds the saga's key "+string(req.Key), policy.ErrTypeInProgress)
+	return sagarec.Recorded{}, temporal.NewApplicationError("oncekit/testsuite: another run holds the saga's key "+string(req.Key), policy.ErrTypeInProgress)
 }
 
-func (m *sagaRecords) begin(ctx context.Context, req saga.BeginRequest) (saga.Recorded, error) {
+func (m *sagaRecords) begin(ctx context.Context, req sagarec.BeginRequest) (sagarec.Recorded, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, owned, err := m.lookup(req)
 	switch {
 	case err != nil:
-		return saga.Recorded{}, err
+		return sagarec.Recorded{}, err
 	case rec.ended != nil:
 		return *rec.ended, nil
 	case !owned:
 		return inProgress(ctx, req)
 	}
-	return saga.Recorded{Compensating: rec.comp}, nil
+	return sagarec.Recorded{Compensating: rec.comp}, nil
 }
 
-func (m *sagaRecords) hold(_ context.Context, req saga.BeginRequest) (saga.Recorded, error) {
+func (m *sagaRecords) hold(_ context.Context, req sagarec.BeginRequest) (sagarec.Recorded, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, owned, err := m.lookup(req)
 	switch {
 	case err != nil:
-		return saga.Recorded{}, err
+		return sagarec.Recorded{}, err
 	case rec.ended != nil:
 		return *rec.ended, nil
 	case !owned:
-		return saga.Recorded{Held: true}, nil
+		return sagarec.Recorded{Held: true}, nil
 	}
-	return saga.Recorded{Compensating: rec.comp}, nil
+	return sagarec.Recorded{Compensating: rec.comp}, nil
 }
 
-func (m *sagaRecords) compensating(_ context.Context, req saga.CompensatingRequest) (saga.Recorded, error) {
+func (m *sagaRecords) compensating(_ context.Context, req sagarec.CompensatingRequest) (sagarec.Recorded, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, owned, err := m.lookup(req.BeginRequest)
 	switch {
 	case err != nil:
-		return saga.Recorded{}, err
+		return sagarec.Recorded{}, err
 	case rec.ended != nil:
 		return *rec.ended, nil
 	case !owned:
-		return saga.Recorded{Held: true}, nil
+		return sagarec.Recorded{Held: true}, nil
 	case rec.comp == nil:
 		c := req.Compensating
 		rec.comp = &c
 	}
-	return saga.Recorded{Compensating: rec.comp}, nil
+	return sagarec.Recorded{Compensating: rec.comp}, nil
 }
 
-func (m *sagaRecords) end(ctx context.Context, req saga.EndRequest) (saga.Recorded, error) {
+func (m *sagaRecords) end(ctx context.Context, req sagarec.EndRequest) (sagarec.Recorded, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, owned, err := m.lookup(req.BeginRequest)
 	switch {
 	case err != nil:
-		return saga.Recorded{}, err
+		return sagarec.Recorded{}, err
 	case rec.ended != nil:
 		return *rec.ended, nil
 	case !owned:
 		return inProgress(ctx, req.BeginRequest)
 	case req.Outcome.ErrType == "" && rec.comp != nil:
-		return saga.Recorded{Compensating: rec.comp}, nil
+		return sagarec.Recorded{Compensating: rec.comp}, nil
 	}
-	out := saga.Recorded{Ended: true, Result: req.Outcome.Result, ErrType: req.Outcome.ErrType, ErrMessage: req.Outcome.ErrMessage}
+	out := sagarec.Recorded{Ended: true, Result: req.Outcome.Result, ErrType: req.Outcome.ErrType, ErrMessage: req.Outcome.ErrMessage}
 	if out.ErrType != "" {
 		out.Compensating = rec.comp // its cause is the replayed error's
 	}

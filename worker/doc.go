@@ -14,8 +14,9 @@
 // Activities whose workflow carries no tenant run under [TenantDefault], or
 // [Config].DefaultTenant; with [Config].RequireTenant they fail instead. For several
 // tenants, start workflows with a context from [keys.WithTenant] through a client that
-// has the plugin: its [TenantPropagator] carries the tenant in the workflow's header to
-// every activity the workflow runs.
+// has the plugin: its [ClientInterceptor] writes the tenant into the workflow's header,
+// and [Interceptor] carries it from there to every activity and child workflow the
+// workflow runs. These two are the only writers and readers of oncekit's headers.
 //
 // # Names
 //

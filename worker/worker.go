@@ -21,24 +21,31 @@ const PluginName = "oncekit"
 // plugin's Config says otherwise. A single-tenant system never needs another.
 const TenantDefault = "default"
 
-// Config configures the plugin. Ledger is required.
+// Config configures the plugin. Ledger is required; the zero value of every other field
+// is its default.
 type Config struct {
 	// Ledger is put in every activity's context, where package activity finds it.
+	// Required: [NewPlugin] returns an error without it.
 	Ledger *ledger.Ledger
 	// DefaultTenant is the tenant of activities whose workflow carried none, such as
-	// workflows started without keys.WithTenant. Defaults to [TenantDefault].
+	// workflows started without keys.WithTenant. Defaults to [TenantDefault]. It is not
+	// checked here: a tenant that keys.Scope refuses fails each guarded activity with a
+	// non-retryable ApplicationError of type policy.ErrTypeInvalid.
 	DefaultTenant string
 	// RequireTenant makes activities whose workflow carried no tenant fail with a
-	// non-retryable error that says so, instead of running under DefaultTenant: for
-	// multi-tenant systems, where a missing tenant is a bug. Defaults to false.
+	// non-retryable ApplicationError of type policy.ErrTypeInvalid that says so, instead
+	// of running under DefaultTenant, which it ignores: for multi-tenant systems, where a
+	// missing tenant is a bug. Defaults to false.
 	RequireTenant bool
 }
 
-// NewPlugin returns oncekit's Temporal plugin. Put it in client.Options.Plugins, and
-// every worker created from that client gets it too (or put it in a worker's
-// Options.Plugins alone). It adds the tenant propagator to the client ([TenantPropagator])
-// and, on each worker, the interceptor that hands activities the ledger and their
-// tenant ([Interceptor]) and the activities package saga records outcomes with
+// NewPlugin returns oncekit's Temporal plugin, or an error when cfg.Ledger is nil. Put it
+// in client.Options.Plugins, and every worker created from that client gets it too (or
+// put it in a worker's Options.Plugins alone). It adds [ClientInterceptor] to the client,
+// which carries the tenant to the workflows it starts, and, on each worker, the
+// interceptor that hands activities the ledger and their tenant and makes
+// activity.Definitive non-retryable in every activity ([Interceptor]), and the
+// activities package saga records outcomes with
 // (activity.RegisterSaga).
 func NewPlugin(cfg Config) (*temporal.SimplePlugin, error) {
 	if cfg.Ledger == nil {
@@ -53,7 +60,7 @@ func NewPlugin(cfg Config) (*temporal.SimplePlugin, error) {
 	}
 	return temporal.NewSimplePlugin(temporal.SimplePluginOptions{
 		Name:               PluginName,
-		ContextPropagators: []workflow.ContextPropagator{TenantPropagator()},
+		ClientInterceptors: []interceptor.ClientInterceptor{ClientInterceptor()},
 		WorkerInterceptors: []interceptor.WorkerInterceptor{Interceptor(cfg.Ledger, tenant)},
 		RunContextBefore: func(_ context.Context, o temporal.SimplePluginRunContextBeforeOptions) error {
 			if !o.WorkflowReplayer {
@@ -66,7 +73,9 @@ func NewPlugin(cfg Config) (*temporal.SimplePlugin, error) {
 
 // Interceptor returns the worker interceptor that puts l, and defaultTenant when the
 // activity carries no tenant, into every activity's context; an empty defaultTenant
-// leaves such activities without one. It also carries the tenant, a step's key and a
+// leaves such activities without one. It turns an activity.Definitive failure returned
+// by any activity into the non-retryable ApplicationError typed by its code that
+// activity.Do returns. It also carries the tenant, a step's key and a
 // compensation's step from workflow code to activities in their headers. [NewPlugin]
 // installs it; use it alone on a worker built without the plugin, together with
 // activity.RegisterSaga.
@@ -94,7 +103,7 @@ func (a *activityInterceptor) ExecuteActivity(ctx context.Context, in *intercept
 	// oncekit's propagator.
 	if h := interceptor.Header(ctx); h != nil {
 		var err error
-		if ctx, err = (propagator{}).Extract(ctx, mapHeader(h)); err != nil {
+		if ctx, err = extractToActivity(ctx, mapHeader(h)); err != nil {
 			return nil, err
 		}
 	}
@@ -102,12 +111,29 @@ func (a *activityInterceptor) ExecuteActivity(ctx context.Context, in *intercept
 	if _, ok := keys.TenantFrom(ctx); !ok && a.wi.tenant != "" {
 		ctx = keys.WithTenant(ctx, a.wi.tenant)
 	}
-	return a.Next.ExecuteActivity(ctx, in)
+	res, err := a.Next.ExecuteActivity(ctx, in)
+	return res, definitive(err)
 }
 
-// The interceptor also carries the tenant, key and step from workflow code to
-// activities itself, so that they arrive when the client was dialled without oncekit's
-// propagator: a plain client.Dial is enough.
+// definitive makes a [ledger.DefinitiveError] (activity.Definitive) returned by any
+// activity, one that did not go through activity.Do or External included, the
+// non-retryable ApplicationError typed by its code that activity.Do makes of it, so
+// that a definitive failure is not retried on one path and final on another. An error
+// that already is an ApplicationError is the activity's own choice and passes as it is.
+func definitive(err error) error {
+	var (
+		app  *temporal.ApplicationError
+		derr *ledger.DefinitiveError
+	)
+	if err == nil || errors.As(err, &app) || !errors.As(err, &derr) {
+		return err
+	}
+	return temporal.NewApplicationErrorWithOptions(err.Error(), derr.Code, temporal.ApplicationErrorOptions{
+		NonRetryable: true, Details: []any{derr.Code, derr.Message, derr.Replayed}})
+}
+
+// The interceptor carries the tenant, key and step from workflow code to activities
+// and child workflows in their headers: the one path they travel.
 func (wi *workerInterceptor) InterceptWorkflow(ctx workflow.Context, next interceptor.WorkflowInboundInterceptor) interceptor.WorkflowInboundInterceptor {
 	return &workflowInbound{WorkflowInboundInterceptorBase: interceptor.WorkflowInboundInterceptorBase{Next: next}}
 }
@@ -125,7 +151,7 @@ func (w *workflowInbound) ExecuteWorkflow(ctx workflow.Context, in *interceptor.
 	if _, ok := keys.TenantFrom(ctx); !ok {
 		if h := interceptor.WorkflowHeader(ctx); h != nil {
 			var err error
-			if ctx, err = (propagator{}).ExtractToWorkflow(ctx, mapHeader(h)); err != nil {
+			if ctx, err = extractToWorkflow(ctx, mapHeader(h)); err != nil {
 				return nil, err
 			}
 		}
@@ -144,9 +170,8 @@ type workflowOutbound struct {
 
 func inject(ctx workflow.Context) {
 	if h := interceptor.WorkflowHeader(ctx); h != nil {
-		// Encoding a string or a keys.Step cannot fail; the propagator, when installed,
-		// writes the same values again.
-		_ = (propagator{}).InjectFromWorkflow(ctx, mapHeader(h))
+		// Encoding a string or a keys.Step cannot fail.
+		_ = injectFromWorkflow(ctx, mapHeader(h))
 	}
 }
 
@@ -161,6 +186,25 @@ func (w *workflowOutbound) ExecuteActivity(ctx workflow.Context, activityType st
 	}
 	inject(ctx)
 	return w.Next.ExecuteActivity(ctx, activityType, args...)
+}
+
+// NewContinueAsNewError carries the tenant, alone, to the workflow's next run.
+func (w *workflowOutbound) NewContinueAsNewError(ctx workflow.Context, wfn any, args ...any) error {
+	injectTenantToNextRun(ctx)
+	return w.Next.NewContinueAsNewError(ctx, wfn, args...)
+}
+
+// NewContinueAsNewErrorWithOptions is NewContinueAsNewError with options.
+func (w *workflowOutbound) NewContinueAsNewErrorWithOptions(ctx workflow.Context, opts workflow.ContinueAsNewErrorOptions, wfn any, args ...any) error {
+	injectTenantToNextRun(ctx)
+	return w.Next.NewContinueAsNewErrorWithOptions(ctx, opts, wfn, args...)
+}
+
+func injectTenantToNextRun(ctx workflow.Context) {
+	t, ok := keys.TenantFrom(ctx)
+	if h := interceptor.WorkflowHeader(ctx); h != nil && ok {
+		_ = writeHeader(mapHeader(h), TenantHeader, t) // encoding a string cannot fail
+	}
 }
 
 func (w *workflowOutbound) ExecuteLocalActivity(ctx workflow.Context, activityType string, args ...any) workflow.Future {

@@ -11,11 +11,10 @@
 // from the PG* variables and ~/.pgpass as psql does.
 //
 // The command is a module of its own, so that a program importing oncekit's packages
-// does not get its dependencies. Install a released version with
-//
-//	go install github.com/oncekit/oncekit/cmd/oncekit@latest
-//
-// (its versions are tagged cmd/oncekit/vX.Y.Z), or build the work tree's with make oncekit.
+// does not get its dependencies. Build it from a clone of the repository with make
+// oncekit. Releases are recorded in CHANGELOG.md; once one is published as a module
+// (tagged cmd/oncekit/vX.Y.Z), go install github.com/oncekit/oncekit/cmd/oncekit@latest
+// installs it.
 package main
 
 import (

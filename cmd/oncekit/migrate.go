@@ -14,7 +14,10 @@ import (
 func (a *app) migrateCommand() *cobra.Command {
 	var print bool
 	cmd := &cobra.Command{
-		Use:   "migrate",
+		Use: "migrate",
+		Example: `  oncekit migrate
+  oncekit migrate --schema billing_oncekit
+  oncekit migrate --print`,
 		Short: "Apply every migration line (--print: the SQL, for another tool)",
 		Long: `migrate creates the schema if needed and applies every migration line's pending files
 (ledger, webhook, inbox, outbox), each in its own transaction; many processes may run it at
@@ -25,11 +28,14 @@ script, safe to run more than once, for psql or another migration tool.`,
 	}
 	cmd.Flags().BoolVar(&print, "print", false, "print the SQL instead of applying it")
 	cmd.AddCommand(&cobra.Command{
-		Use:   "status",
+		Use: "status",
+		Example: `  oncekit migrate status
+  oncekit migrate status --json`,
 		Short: "List each migration line's applied and pending files",
 		Long: `migrate status lists, for each migration line, the files the schema applied (and when)
 and the files it lacks, which migrate applies, and any file a newer oncekit applied that
-this build does not know.`,
+this build does not know. It exits 7 when files are pending and 5 when the schema is
+ahead of this build, so a deploy script can tell them apart.`,
 		Args: args(0, ""),
 		RunE: a.runE(func(*cobra.Command, []string) error { return a.migrateStatus() }),
 	})
@@ -137,8 +143,8 @@ func (a *app) migrateStatus() error {
 	if ahead > 0 {
 		return exitError{exitSchema, fmt.Sprintf("schema %q is ahead of this build (oncekit %s): use the oncekit that migrated it", a.schema, commandVersion())}
 	}
-	if pending > 0 && !a.json {
-		fmt.Fprintf(a.errOut, "oncekit: %s pending: run `oncekit migrate`\n", plural(pending, "migration"))
+	if pending > 0 {
+		return exitError{exitPending, fmt.Sprintf("%s pending: run `oncekit migrate`", plural(pending, "migration"))}
 	}
 	return nil
 }

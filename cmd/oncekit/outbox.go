@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -12,7 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
-	"github.com/oncekit/oncekit/inbox"
+	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/outbox"
 )
 
@@ -25,7 +26,9 @@ func (a *app) outbox() (*outbox.Outbox, error) {
 
 func (a *app) outboxCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "outbox",
+		Use: "outbox",
+		Example: `  oncekit outbox dead
+  oncekit outbox retry --topic payments.captured`,
 		Short: "Inspect the outbox's events, list and retry dead ones, purge published ones",
 		Args:  args(0, ""),
 		RunE: a.runE(func(cmd *cobra.Command, _ []string) error {
@@ -34,7 +37,9 @@ func (a *app) outboxCommand() *cobra.Command {
 	}
 	var showBody bool
 	inspect := &cobra.Command{
-		Use:   "inspect ID",
+		Use: "inspect ID",
+		Example: `  oncekit outbox inspect 01a23339-c7b5-7bd6-bbd3-2b68573400ff
+  oncekit outbox inspect 01a23339-c7b5-7bd6-bbd3-2b68573400ff --show-body`,
 		Short: "Show one event: state, attempts, last error, trace",
 		Args:  args(1, "an event ID"),
 		RunE:  a.runE(func(_ *cobra.Command, args []string) error { return a.outboxInspect(args[0], showBody) }),
@@ -44,7 +49,9 @@ func (a *app) outboxCommand() *cobra.Command {
 	var topic string
 	var limit int
 	dead := &cobra.Command{
-		Use:   "dead",
+		Use: "dead",
+		Example: `  oncekit outbox dead
+  oncekit outbox dead --topic payments.captured --json`,
 		Short: "List dead events, oldest first",
 		Long:  "outbox dead lists the events that kept failing and are no longer published, oldest first, with their last error.",
 		Args:  args(0, ""),
@@ -55,21 +62,36 @@ func (a *app) outboxCommand() *cobra.Command {
 
 	var rt retryFlags
 	retry := &cobra.Command{
-		Use:   "retry [ID...]",
-		Short: "Make dead events pending again: by ID, by --topic, or --all; all or nothing",
+		Use: "retry [ID...]",
+		Example: `  oncekit outbox retry 01a23339-c7b5-7bd6-bbd3-2b68573400ff --reason 'INC-313: broker schema fixed'
+  oncekit outbox retry --topic payments.captured
+  oncekit outbox retry --topic payments.captured -y --reason 'INC-313: broker schema fixed'`,
+		Short: "Make dead events pending again: by ID, by --topic, or --all; all or nothing; audited",
 		Long: `outbox retry makes dead events pending again, attempts reset, so dispatchers publish
 them. It retries the IDs given, or every dead event of --topic, or with --all every dead
-event, in one transaction: if one of the IDs is not dead, none is retried. --topic and
---all show what they would retry and change nothing without --yes.`,
-		RunE: a.runE(func(_ *cobra.Command, args []string) error { return a.outboxRetry(args, rt) }),
+event, in one transaction: if one of the IDs is not dead, or no event has it, none is
+retried. --topic and --all show what they would retry and change nothing without --yes;
+--dry-run shows it for IDs too. A retry needs --reason and keeps an audit row per event
+(who, when, why, the attempts and last error it died with), which oncekit audit lists.`,
+		RunE: a.runE(func(_ *cobra.Command, args []string) error {
+			if rt.actor == "" {
+				rt.actor = actor()
+			}
+			return a.outboxRetry(args, rt)
+		}),
 	}
 	retry.Flags().StringVar(&rt.topic, "topic", "", "retry every dead event of this topic")
 	retry.Flags().BoolVar(&rt.all, "all", false, "retry every dead event")
 	retry.Flags().BoolVarP(&rt.yes, "yes", "y", false, "with --topic or --all: retry; without it, show what would be retried")
+	retry.Flags().BoolVar(&rt.dryRun, "dry-run", false, "show what would be retried and retry nothing, and exit 0")
+	retry.Flags().StringVar(&rt.reason, "reason", "", "why, such as the incident's reference; required to retry, kept in the audit rows")
+	retry.Flags().StringVar(&rt.actor, "actor", "", "who retries, kept in the audit rows (default: the OS user and host, such as alice@bastion)")
 
 	var p purgeFlags
 	purge := &cobra.Command{
-		Use:   "purge",
+		Use: "purge",
+		Example: `  oncekit outbox purge --dry-run
+  oncekit outbox purge -y --published-retention 72h`,
 		Short: "Delete events published longer ago than --published-retention, in batches",
 		Long:  "outbox purge deletes published events older than --published-retention, in batches; without --yes it counts them. Pending and dead events are never purged.",
 		Args:  args(0, ""),
@@ -216,8 +238,9 @@ func (a *app) outboxDead(topic string, limit int) error {
 }
 
 type retryFlags struct {
-	topic    string
-	all, yes bool
+	topic            string
+	all, yes, dryRun bool
+	reason, actor    string
 }
 
 // retryView is what outbox retry prints.
@@ -238,10 +261,20 @@ func (a *app) outboxRetry(args []string, rt retryFlags) error {
 	if chosen != 1 {
 		return usageError{"outbox retry takes event IDs, or --topic, or --all: one of them (oncekit outbox dead lists the dead events)"}
 	}
+	if rt.yes && rt.dryRun {
+		return usageError{"--yes and --dry-run contradict each other: give one"}
+	}
 	if len(args) > outbox.MaxRetryDead {
 		return usageError{fmt.Sprintf("at most %d IDs at once", outbox.MaxRetryDead)}
 	}
-	opts := &outbox.RetryDeadOpts{Topic: rt.topic, All: rt.all}
+	acts := !rt.dryRun && (len(args) > 0 || rt.yes)
+	if acts && rt.reason == "" {
+		return usageError{"outbox retry needs --reason: say why, such as the incident's reference; it is kept in the audit rows"}
+	}
+	if len(rt.reason) > ledger.MaxReasonLen || len(rt.actor) > ledger.MaxActorLen {
+		return usageError{fmt.Sprintf("--reason and --actor are at most %d and %d bytes", ledger.MaxReasonLen, ledger.MaxActorLen)}
+	}
+	opts := &outbox.RetryDeadOpts{Topic: rt.topic, All: rt.all, Actor: rt.actor, Reason: rt.reason}
 	for _, arg := range args {
 		id, err := parseEventID(arg)
 		if err != nil {
@@ -253,14 +286,21 @@ func (a *app) outboxRetry(args []string, rt retryFlags) error {
 	if err != nil {
 		return err
 	}
-	rv := retryView{DryRun: len(args) == 0 && !rt.yes, Retried: []string{}, WouldRetry: []string{}}
+	rv := retryView{DryRun: !acts, Retried: []string{}, WouldRetry: []string{}}
 	if rv.DryRun {
-		dead, err := out.ListDead(a.ctx, &outbox.DeadOpts{Topic: rt.topic, Limit: outbox.MaxRetryDead + 1})
-		if err != nil {
-			return err
-		}
-		if len(dead) > outbox.MaxRetryDead {
-			return exitError{exitRefused, fmt.Sprintf("more than %d dead events match, more than one retry takes: retry them by --topic or by ID, in parts", outbox.MaxRetryDead)}
+		var dead []outbox.DeadEvent
+		if len(opts.IDs) > 0 {
+			if dead, err = a.deadByID(out, opts.IDs); err != nil {
+				return err
+			}
+		} else {
+			dead, err = out.ListDead(a.ctx, &outbox.DeadOpts{Topic: rt.topic, Limit: outbox.MaxRetryDead + 1})
+			if err != nil {
+				return err
+			}
+			if len(dead) > outbox.MaxRetryDead {
+				return exitError{exitRefused, fmt.Sprintf("more than %d dead events match, more than one retry takes: retry them by --topic or by ID, in parts", outbox.MaxRetryDead)}
+			}
 		}
 		for _, d := range dead {
 			rv.WouldRetry = append(rv.WouldRetry, d.ID.String())
@@ -272,15 +312,18 @@ func (a *app) outboxRetry(args []string, rt retryFlags) error {
 		}); err != nil {
 			return err
 		}
-		if len(dead) == 0 {
+		switch {
+		case len(dead) == 0:
 			return exitError{exitNotFound, "no dead event matches"}
+		case rt.dryRun:
+			return nil
 		}
-		return exitError{exitRefused, fmt.Sprintf("nothing retried: run again with --yes (-y) to retry %s", plural(len(dead), "event"))}
+		return exitError{exitRefused, fmt.Sprintf("nothing retried: run again with %s to retry %s", missingToAct(rt.reason != ""), plural(len(dead), "event"))}
 	}
 	ids, err := out.RetryDead(a.ctx, opts)
 	var nd *outbox.NotDeadError
 	if errors.As(err, &nd) {
-		return exitError{exitNotFound, fmt.Sprintf("%s; oncekit outbox dead lists the dead ones", oneLine(strings.TrimPrefix(nd.Error(), "oncekit/outbox: ")))}
+		return notDeadExit(nd)
 	}
 	if err != nil {
 		return err
@@ -294,64 +337,71 @@ func (a *app) outboxRetry(args []string, rt retryFlags) error {
 		}
 		if len(rv.Retried) == 0 {
 			fmt.Fprintln(w, "no dead event matched: nothing retried")
+		} else {
+			fmt.Fprintf(w, "audited\t%s by %s: %q\n", plural(len(rv.Retried), "retry"), rt.actor, rt.reason)
 		}
 	})
 }
 
-func (a *app) inboxCommand() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "inbox",
-		Short: "Count the inbox's records by subscriber, purge expired ones",
-		Args:  args(0, ""),
-		RunE:  a.runE(func(*cobra.Command, []string) error { return usageError{"inbox needs a subcommand: status or purge"} }),
+// deadByID returns the events of ids, which must all be dead, as a retry's dry run
+// shows them; an event that is missing or not dead ends it as the retry would.
+func (a *app) deadByID(out *outbox.Outbox, ids []uuid.UUID) ([]outbox.DeadEvent, error) {
+	nd := &outbox.NotDeadError{}
+	var dead []outbox.DeadEvent
+	for _, id := range ids {
+		e, err := out.Get(a.ctx, id)
+		switch {
+		case errors.Is(err, outbox.ErrEventNotFound):
+			nd.Count++
+			nd.IDs = append(nd.IDs, id)
+			nd.MissingCount++
+			nd.Missing = append(nd.Missing, id)
+		case err != nil:
+			return nil, err
+		case e.State != outbox.StateDead:
+			nd.Count++
+			nd.IDs = append(nd.IDs, id)
+		default:
+			dead = append(dead, outbox.DeadEvent{Event: e.Event, LastError: e.LastError})
+		}
 	}
-	status := &cobra.Command{
-		Use:   "status",
-		Short: "Count each subscriber's records: processed, rejected, expired, last received",
-		Args:  args(0, ""),
-		RunE: a.runE(func(*cobra.Command, []string) error {
-			in, err := a.inbox()
-			if err != nil {
-				return err
-			}
-			st, err := in.Stats(a.ctx)
-			if err != nil {
-				return err
-			}
-			views := subscribers(st)
-			return a.emit(views, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "SUBSCRIBER\tPROCESSED\tREJECTED\tEXPIRED\tLAST RECEIVED")
-				for _, v := range views {
-					fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\n", v.Subscriber, v.Processed, v.Rejected, v.Expired, rfc3339(v.LastReceived))
-				}
-			})
-		}),
+	if nd.Count > 0 {
+		return nil, notDeadExit(nd)
 	}
-	var p purgeFlags
-	purge := &cobra.Command{
-		Use:   "purge",
-		Short: "Delete expired inbox records, in batches",
-		Long:  "inbox purge deletes the records past their retention, in batches; without --yes it counts them. An expired record already counts as absent.",
-		Args:  args(0, ""),
-		RunE: a.runE(func(*cobra.Command, []string) error {
-			if err := p.check(); err != nil {
-				return err
-			}
-			in, err := a.inbox()
-			if err != nil {
-				return err
-			}
-			return a.purge(p, []purgeStep{inboxPurge(a, in, p)})
-		}),
-	}
-	p.register(purge, false)
-	cmd.AddCommand(status, purge)
-	return cmd
+	return dead, nil
 }
 
-func (a *app) inbox() (*inbox.Inbox, error) {
-	if err := a.connect(); err != nil {
-		return nil, err
+// notDeadExit says which events a retry refused: "no such event" (exit 3) when none of
+// them exists, "not dead" (exit 6) otherwise.
+func notDeadExit(nd *outbox.NotDeadError) error {
+	ids := func(list []uuid.UUID, count int) string {
+		s := make([]string, len(list))
+		for i, id := range list {
+			s[i] = id.String()
+		}
+		if count > len(list) {
+			return strings.Join(s, ", ") + fmt.Sprintf(" and %d more", count-len(list))
+		}
+		return strings.Join(s, ", ")
 	}
-	return inbox.New(a.pool, &inbox.Config{Schema: a.schema})
+	missing := ids(nd.Missing, nd.MissingCount)
+	if nd.MissingCount == nd.Count {
+		return exitError{exitNotFound, fmt.Sprintf("no such event: %s (published events are purged after their retention); nothing was retried", missing)}
+	}
+	var notDead []uuid.UUID
+	for _, id := range nd.IDs {
+		if !slices.Contains(nd.Missing, id) {
+			notDead = append(notDead, id)
+		}
+	}
+	n := nd.Count - nd.MissingCount
+	verb := "are"
+	if n == 1 {
+		verb = "is"
+	}
+	msg := fmt.Sprintf("%s %s not dead: %s", plural(n, "event"), verb, ids(notDead, n))
+	if nd.MissingCount > 0 {
+		msg += fmt.Sprintf("; no such event: %s", missing)
+	}
+	return exitError{exitWrongState, msg + "; nothing was retried (only a dead event is retried: oncekit outbox dead lists them, oncekit outbox inspect ID shows one)"}
 }

@@ -18,6 +18,7 @@ type purgeFlags struct {
 	pause     time.Duration
 	retention time.Duration
 	yes       bool
+	dryRun    bool
 }
 
 func (p *purgeFlags) register(cmd *cobra.Command, outboxToo bool) {
@@ -27,9 +28,13 @@ func (p *purgeFlags) register(cmd *cobra.Command, outboxToo bool) {
 		cmd.Flags().DurationVar(&p.retention, "published-retention", outbox.PublishedRetentionDefault, "keep published outbox events this long")
 	}
 	cmd.Flags().BoolVarP(&p.yes, "yes", "y", false, "delete; without it, count what would be deleted")
+	cmd.Flags().BoolVar(&p.dryRun, "dry-run", false, "count what would be deleted and delete nothing, as without --yes, and exit 0")
 }
 
 func (p *purgeFlags) check() error {
+	if p.yes && p.dryRun {
+		return usageError{"--yes and --dry-run contradict each other: give one"}
+	}
 	if p.batch <= 0 {
 		return usageError{"--batch must be positive"}
 	}
@@ -66,7 +71,9 @@ type purgeStep struct {
 func (a *app) purgeCommand() *cobra.Command {
 	var p purgeFlags
 	cmd := &cobra.Command{
-		Use:   "purge",
+		Use: "purge",
+		Example: `  oncekit purge --dry-run
+  oncekit purge -y --batch 500 --pause 20ms`,
 		Short: "Delete expired records, expired inbox records and old published events, in batches",
 		Long: `purge deletes, in batches, what has outlived its retention: the ledger's expired records
 (idempotency_records; a pending record whose lease is live is kept), the inbox's expired
@@ -164,7 +171,7 @@ func (a *app) purge(p purgeFlags, steps []purgeStep) error {
 			}
 		}
 	})
-	if err == nil && pv.DryRun && total > 0 {
+	if err == nil && pv.DryRun && total > 0 && !p.dryRun {
 		return exitError{exitRefused, "nothing deleted: run again with --yes (-y) to purge"}
 	}
 	return err

@@ -22,18 +22,41 @@ import (
 
 // Exit codes.
 const (
-	exitOK       = 0
-	exitFailed   = 1 // the database refused or could not be reached
-	exitUsage    = 2 // a mistake in the command line
-	exitNotFound = 3 // no such record or event
-	exitRefused  = 4 // a change shown and not made: --yes (or --force) was not given
-	exitSchema   = 5 // the schema is not oncekit's, lacks a table, or is ahead of this build
+	exitOK         = 0
+	exitFailed     = 1 // the database refused or could not be reached
+	exitUsage      = 2 // a mistake in the command line
+	exitNotFound   = 3 // no such record, event or message
+	exitRefused    = 4 // a change shown and not made: --yes (or --force) was not given
+	exitSchema     = 5 // the schema is not oncekit's, lacks a table, or is ahead of this build
+	exitWrongState = 6 // the record or event is not in a state the action applies to
+	exitPending    = 7 // migrate status: migrations are pending
 )
 
+// exitCodeTable says what each exit code means: the root command's help prints it, and
+// docs/operating.md's table says the same (TestExitCodesAsDocumented).
+var exitCodeTable = []struct {
+	code    int
+	meaning string
+}{
+	{exitOK, "done"},
+	{exitFailed, "the database refused or could not be reached"},
+	{exitUsage, "a usage error: a mistake in the command line"},
+	{exitNotFound, "no such record, event or inbox message"},
+	{exitRefused, "a change shown and not made: add --yes, or --force for a live lease (an explicit --dry-run exits 0)"},
+	{exitSchema, "the schema is not migrated, lacks a table, or is newer than this build"},
+	{exitWrongState, "the record or event is not in a state the action applies to: a completed or failed record is evicted, not released; a pending one is released, not evicted; only a dead event is retried"},
+	{exitPending, "migrate status found migrations pending: oncekit migrate applies them"},
+}
+
 // exitCodes is the exit codes' description, in the root command's help.
-const exitCodes = `Exit codes: 0 done; 1 the database refused or could not be reached; 2 a usage error;
-3 no such record or event; 4 a change shown but not made (add --yes, or --force for a live
-lease); 5 the schema is not migrated, lacks a table, or is newer than this build.`
+func exitCodes() string {
+	var b strings.Builder
+	b.WriteString("Exit codes:\n")
+	for _, e := range exitCodeTable {
+		fmt.Fprintf(&b, "  %d  %s\n", e.code, e.meaning)
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
 
 // app is one invocation of the command.
 type app struct {
@@ -75,6 +98,16 @@ func (e ranError) Unwrap() error { return e.err }
 func run(ctx context.Context, args []string, out, errOut io.Writer, getenv func(string) string) int {
 	a := &app{ctx: ctx, out: out, errOut: errOut, getenv: getenv}
 	root := a.rootCommand()
+	// --json shapes the errors too, also those of a command line cobra refuses before
+	// it sets the flag (defining the flag set it false).
+	for _, arg := range args {
+		if arg == "--" {
+			break
+		}
+		if arg == "--json" || arg == "--json=true" {
+			a.json = true
+		}
+	}
 	root.SetArgs(args)
 	root.SetOut(out)
 	root.SetErr(errOut)
@@ -85,7 +118,8 @@ func run(ctx context.Context, args []string, out, errOut io.Writer, getenv func(
 	return a.exit(cmd, err)
 }
 
-// exit prints err, if any, with the command's one prefix, and returns the exit code.
+// exit prints err, if any, with the command's one prefix, on one line (a JSON object
+// under --json), and returns the exit code.
 func (a *app) exit(cmd *cobra.Command, err error) int {
 	if err == nil {
 		return exitOK
@@ -104,29 +138,54 @@ func (a *app) exit(cmd *cobra.Command, err error) int {
 	if cmd != nil {
 		help = cmd.CommandPath() + " --help"
 	}
-	prefix := "oncekit: "
+	shard := ""
 	if errors.As(err, &on) {
-		prefix += "shard " + on.shard + ": "
+		shard = on.shard
 	}
+	code, msg := exitFailed, ""
+	var pgErr *pgconn.PgError
 	switch {
 	case !errors.As(err, &ran), errors.As(err, &usage):
-		fmt.Fprintf(a.errOut, "oncekit: %v\n(%s describes the command and its flags)\n", oneLine(err.Error()), help)
-		return exitUsage
+		code, msg = exitUsage, oneLine(err.Error())
 	case errors.As(err, &ee):
-		fmt.Fprintf(a.errOut, "%s%s\n", prefix, ee.msg)
-		return ee.code
+		code, msg = ee.code, oneLine(ee.msg)
+	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // undefined_table, invalid_schema_name
+		code, msg = exitSchema, fmt.Sprintf("schema %q lacks a table this command reads (%s): run `oncekit migrate`, or name the schema oncekit's tables are in with --schema",
+			a.schema, oneLine(pgErr.Message))
+	default:
+		if on.err != nil {
+			err = on.err
+		}
+		msg = oneLine(err.Error())
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined_table, invalid_schema_name
-		fmt.Fprintf(a.errOut, "%sschema %q lacks a table this command reads (%s): run `oncekit migrate`, or name the schema oncekit's tables are in with --schema\n",
-			prefix, a.schema, oneLine(pgErr.Message))
-		return exitSchema
+	if a.json {
+		v := jsonError{Error: msg, ExitCode: code, Shard: shard}
+		if code == exitUsage {
+			v.Help = help
+		}
+		b, _ := json.Marshal(v)
+		fmt.Fprintf(a.errOut, "%s\n", b)
+		return code
 	}
-	if on.err != nil {
-		err = on.err
+	prefix := "oncekit: "
+	if shard != "" {
+		prefix += "shard " + shard + ": "
 	}
-	fmt.Fprintf(a.errOut, "%s%v\n", prefix, oneLine(err.Error()))
-	return exitFailed
+	if code == exitUsage {
+		fmt.Fprintf(a.errOut, "%s%s (%s describes the command and its flags)\n", prefix, msg, help)
+		return code
+	}
+	fmt.Fprintf(a.errOut, "%s%s\n", prefix, msg)
+	return code
+}
+
+// jsonError is an error as --json prints it on stderr.
+type jsonError struct {
+	Error    string `json:"error"`
+	ExitCode int    `json:"exit_code"`
+	Shard    string `json:"shard,omitempty"`
+	// Help is the command that describes the command line, for a usage error.
+	Help string `json:"help,omitempty"`
 }
 
 // oneLine keeps an error on one line.
@@ -149,13 +208,22 @@ variables (PGHOST, PGUSER, PGDATABASE, ...) and ~/.pgpass say, as for psql. With
 (--shard-url NAME=URL, repeated, or ONCEKIT_SHARDS), each command runs on every shard in
 turn under a "== shard NAME ==" heading, or on --shard NAME alone.
 
-` + exitCodes,
+With --json, output is JSON for scripts, and so is an error on stderr:
+{"error": "...", "exit_code": N} (with "shard" when it came from one).
+
+` + exitCodes(),
+		Example: `  oncekit status
+  oncekit list --stuck
+  oncekit inspect shop payments.charge 'v1:run:0196f3c2-7d4e-7a1b-9c55-2f0e8b6d1a44:5'
+  oncekit audit --since 24h`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		Version:           commandVersion(),
 		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: false},
 	}
 	root.SetVersionTemplate("oncekit {{.Version}}\n")
+	// cobra's completion commands, made now rather than at Execute, to give them examples.
+	root.InitDefaultCompletionCmd()
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err.Error()} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "the database, such as postgres://user@host:5432/db (default: DATABASE_URL, else the PG* variables and ~/.pgpass)")
@@ -163,9 +231,10 @@ turn under a "== shard NAME ==" heading, or on --shard NAME alone.
 	pf.BoolVar(&a.json, "json", false, "print JSON (snake_case keys, [] for empty lists) for scripts")
 	pf.StringArrayVar(&a.shardURLs, "shard-url", nil, "a shard, as NAME=URL; repeat it for each shard, and each command runs on every shard in turn (default: ONCEKIT_SHARDS, NAME=URL entries separated by semicolons)")
 	pf.StringVar(&a.only, "shard", "", "run on this shard alone, one of those --shard-url or ONCEKIT_SHARDS name")
+	defer completionExamples(root)
 	root.AddCommand(a.migrateCommand(), a.statusCommand(), a.inspectCommand(), a.listCommand(),
 		a.changeCommand(ledger.ActionRelease), a.changeCommand(ledger.ActionEvict), a.purgeCommand(),
-		a.outboxCommand(), a.inboxCommand(), a.versionCommand())
+		a.outboxCommand(), a.inboxCommand(), a.auditCommand(), a.uiCommand(), a.versionCommand())
 	return root
 }
 
@@ -291,25 +360,25 @@ func actor() string {
 	return name
 }
 
-// ago says how long ago t was, or how long until it is, to the second.
-func ago(t, now time.Time) string {
-	d := now.Sub(t).Round(time.Second)
-	if d < 0 {
-		return "in " + (-d).String()
+// completionExamples gives cobra's completion commands their examples.
+func completionExamples(root *cobra.Command) {
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() != "completion" {
+			continue
+		}
+		c.Example = "  oncekit completion bash > /etc/bash_completion.d/oncekit\n  oncekit completion zsh > \"${fpath[1]}/_oncekit\""
+		for _, shell := range c.Commands() {
+			switch shell.Name() {
+			case "bash":
+				shell.Example = "  oncekit completion bash > /etc/bash_completion.d/oncekit"
+			case "zsh":
+				shell.Example = "  oncekit completion zsh > \"${fpath[1]}/_oncekit\""
+			case "fish":
+				shell.Example = "  oncekit completion fish > ~/.config/fish/completions/oncekit.fish"
+			case "powershell":
+				shell.Example = "  oncekit completion powershell | Out-String | Invoke-Expression"
+			}
+		}
 	}
-	return d.String() + " ago"
-}
-
-func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339) }
-
-// shortDuration writes d without its zero minutes and seconds: 168h, not 168h0m0s.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
 }

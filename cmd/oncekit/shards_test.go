@@ -96,4 +96,8 @@ func TestShards(t *testing.T) {
 	require.Contains(t, r.errOut, "oncekit: shard b: cannot reach shard")
 	r = run("status", "--shard", "a")
 	require.Equal(t, 0, r.code, r.errOut)
+	r = run("list")
+	require.Equal(t, exitFailed, r.code)
+	require.Contains(t, r.out, "k-acme", "the live shard's records are listed though b is down")
+	require.Contains(t, r.errOut, "shard b")
 }

@@ -17,7 +17,10 @@ import (
 
 func (a *app) statusCommand() *cobra.Command {
 	return &cobra.Command{
-		Use:   "status",
+		Use: "status",
+		Example: `  oncekit status
+  oncekit status --json
+  oncekit status --shard-url eu=postgres://eu-db/app --shard-url us=postgres://us-db/app`,
 		Short: "Schema version, records by state, stuck and expired records, outbox and inbox",
 		Long: `status counts what the schema holds: the ledger's records by state and operation, the
 oldest pending record, the pending records whose lease ran out (stuck) and the expired

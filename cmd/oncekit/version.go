@@ -51,7 +51,9 @@ func commandVersion() string {
 
 func (a *app) versionCommand() *cobra.Command {
 	return &cobra.Command{
-		Use:   "version",
+		Use: "version",
+		Example: `  oncekit version
+  oncekit version --json`,
 		Short: "Print the command's and the library's versions, and the migrations this build knows",
 		Args:  args(0, ""),
 		RunE: a.runE(func(*cobra.Command, []string) error {

@@ -6,6 +6,7 @@ package archtest
 import (
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -26,9 +27,11 @@ var rules = map[string][]string{
 	"webhook":               {"go.temporal.io/", mod + "testsuite"},
 	"inbox":                 {"go.temporal.io/", mod + "testsuite"},
 	"outbox":                {"go.temporal.io/", mod + "testsuite"},
+	"agent":                 {"go.temporal.io/", mod + "testsuite", mod + "activity", mod + "worker"},
+	"agent/agenttemporal":   {mod + "testsuite", mod + "worker"},
 	"cmd/oncekit":           {"go.temporal.io/", mod + "testsuite", mod + "activity", mod + "worker"}, // its own module, checked from its directory
 	"migrate":               {"go.temporal.io/", mod + "testsuite"},
-	"monitoring":            {"go.temporal.io/", mod + "testsuite"}, // tests alone: the dashboard's and the alerts' check
+	"monitoring":            {"go.temporal.io/", mod + "testsuite"}, // its own module, tests alone: the dashboard's and the alerts' checks
 	"outbox/outboxtemporal": {mod + "testsuite", mod + "worker", mod + "activity"},
 	"activity":              {mod + "testsuite", mod + "worker"},
 	"worker":                {mod + "testsuite"},
@@ -36,6 +39,8 @@ var rules = map[string][]string{
 	"devenv":                {mod + "testsuite", mod + "samples", mod + "ledger"},
 	"samples/payment":       {mod + "samples/transfer", mod + "testsuite"},
 	"samples/transfer":      {mod + "samples/payment", mod + "testsuite"},
+	"samples/quickstart":    {mod + "samples/payment", mod + "samples/transfer", mod + "testsuite", mod + "devenv"}, // the public packages alone
+	"samples/agent":         {mod + "samples/payment", mod + "testsuite"},                                           // its own module, checked from its directory
 
 	"samples/transfer/worker": {mod + "samples/payment", mod + "testsuite"},
 	"samples/transfer/start":  {mod + "samples/payment", mod + "testsuite"},
@@ -45,8 +50,14 @@ func TestDependencyRules(t *testing.T) {
 	t.Parallel()
 	for pkg, forbidden := range rules {
 		cmd := exec.Command("go", "list", "-deps", mod+pkg)
-		if pkg == "cmd/oncekit" {
-			cmd.Dir = filepath.Join("..", "..", "cmd", "oncekit")
+		// The modules of their own are checked from their directories.
+		switch {
+		case pkg == "cmd/oncekit" || pkg == "agent/mcpguard" || pkg == "samples/agent":
+			cmd.Dir = filepath.Join("..", "..", pkg)
+		case strings.HasPrefix(pkg, "samples/"):
+			cmd.Dir = filepath.Join("..", "..", "samples")
+		case pkg == "monitoring":
+			cmd.Dir = filepath.Join("..", "..", "monitoring")
 		}
 		out, err := cmd.Output()
 		if err != nil {
@@ -129,6 +140,39 @@ func TestLibraryGetsNoCommandOrExporterDependencies(t *testing.T) {
 			if strings.HasPrefix(dep, "go.opentelemetry.io/otel/exporters/") {
 				t.Errorf("%s depends on %s: exporters are the application's choice", rel, dep)
 			}
+		}
+	}
+}
+
+// libraryRequires is every module the library's go.mod may require directly: what a
+// program importing oncekit's packages inherits. The Temporal SDK brings its API types
+// and protobuf; testify and the OpenTelemetry SDK serve tests alone. Samples, the
+// command and the monitoring checks keep their dependencies in modules of their own.
+var libraryRequires = []string{
+	"github.com/google/uuid",
+	"github.com/jackc/pgx/v5",
+	"github.com/stretchr/testify",
+	"go.opentelemetry.io/otel",
+	"go.opentelemetry.io/otel/metric",
+	"go.opentelemetry.io/otel/trace",
+	"go.opentelemetry.io/otel/sdk",
+	"go.opentelemetry.io/otel/sdk/metric",
+	"go.temporal.io/api",
+	"go.temporal.io/sdk",
+	"google.golang.org/protobuf",
+}
+
+// The library's go.mod stays small: a direct requirement outside libraryRequires fails,
+// so a new dependency is a decision, written here and in the README.
+func TestLibraryGoModStaysSmall(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-m", "-f", `{{if not .Indirect}}{{if not .Main}}{{.Path}}{{end}}{{end}}`, "all").Output()
+	if err != nil {
+		t.Fatalf("go list -m: %v", err)
+	}
+	for _, path := range strings.Fields(string(out)) {
+		if !slices.Contains(libraryRequires, path) {
+			t.Errorf("the library's go.mod requires %s: keep it in the module that needs it (samples, cmd/oncekit, monitoring) or add it to libraryRequires and the README's Dependencies", path)
 		}
 	}
 }

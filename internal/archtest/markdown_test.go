@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -181,30 +182,47 @@ func (c *docChecker) command(line string) []error {
 }
 
 // goCommand checks the package directories a go command names: each must be a package
-// of this module, not the directory of a module of its own.
+// of the module the command runs in (the root's, or with -C the module in that
+// directory), not one inside a module of its own.
 func (c *docChecker) goCommand(args []string) []error {
 	switch args[0] {
 	case "run", "test", "build", "install", "vet":
 	default:
 		return nil
 	}
+	base := "."
+	rest := args[1:]
+	if len(rest) >= 2 && rest[0] == "-C" {
+		base, rest = "./"+strings.TrimPrefix(rest[1], "./"), rest[2:]
+	}
 	var errs []error
-	for _, a := range args[1:] {
+	for _, a := range rest {
 		if !strings.HasPrefix(a, "./") {
 			continue
 		}
-		dir := strings.TrimSuffix(strings.TrimSuffix(a, "/..."), "/")
-		if err := c.packageDir(strings.TrimPrefix(dir, ".")); err != nil {
+		dir := path.Join(base, strings.TrimSuffix(strings.TrimSuffix(a, "/..."), "/"))
+		if err := c.packageDir(strings.TrimPrefix("/"+dir, "/.")); err != nil {
 			errs = append(errs, err)
 		}
-		if _, err := os.Stat(filepath.Join(c.m.root, filepath.FromSlash(dir), "go.mod")); err == nil && dir != "." {
-			errs = append(errs, fmt.Errorf("%s is a module of its own: go %s cannot reach it from the root (for the command: make oncekit, or go install)", dir, args[0]))
+		if mod := c.moduleOf(dir); mod != path.Clean(base) {
+			errs = append(errs, fmt.Errorf("%s is in the module at %s: go %s cannot reach it from %s (use go %s -C %s, or make)", dir, mod, args[0], base, args[0], mod))
 		}
 		if args[0] == "run" {
 			break // what follows is the program's arguments
 		}
 	}
 	return errs
+}
+
+// moduleOf returns the directory of the module that holds dir, both relative to the
+// root: the nearest directory at or above dir with a go.mod.
+func (c *docChecker) moduleOf(dir string) string {
+	for d := path.Clean(dir); d != "." && d != "/"; d = path.Dir(d) {
+		if _, err := os.Stat(filepath.Join(c.m.root, filepath.FromSlash(d), "go.mod")); err == nil {
+			return d
+		}
+	}
+	return "."
 }
 
 // packageDir checks that rel, a path in the module such as /cmd/oncekit, is a

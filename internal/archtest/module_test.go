@@ -97,6 +97,17 @@ func newModule() (*module, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The samples are a module of their own beside the library's, which the guides
+	// name too.
+	samples, err := m.goListIn(filepath.Join(root, samplesDir), "-deps", "./...")
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range samples {
+		if !slices.ContainsFunc(all, func(q *listed) bool { return q.ImportPath == p.ImportPath }) {
+			all = append(all, p)
+		}
+	}
 	for _, p := range all {
 		m.listed[p.ImportPath] = p
 		if p.DepOnly || !strings.HasPrefix(p.ImportPath+"/", mod) {
@@ -134,7 +145,7 @@ func newModule() (*module, error) {
 		}
 	}
 	if len(more) > 0 {
-		extra, err := m.goList(append([]string{"-deps"}, more...)...)
+		extra, err := m.goListIn(filepath.Join(root, samplesDir), append([]string{"-deps"}, more...)...)
 		if err != nil {
 			return nil, err
 		}
@@ -149,9 +160,15 @@ func newModule() (*module, error) {
 }
 
 // goList runs go list -export in the module's root and decodes its packages.
-func (m *module) goList(args ...string) ([]*listed, error) {
+func (m *module) goList(args ...string) ([]*listed, error) { return m.goListIn(m.root, args...) }
+
+// samplesDir is the directory of the samples' module.
+const samplesDir = "samples"
+
+// goListIn is goList run in dir, the directory of another module of the repository.
+func (m *module) goListIn(dir string, args ...string) ([]*listed, error) {
 	cmd := exec.Command("go", append([]string{"list", "-e", "-export", "-json=ImportPath,Name,Dir,GoFiles,TestGoFiles,XTestGoFiles,Export,Standard,DepOnly,Error"}, args...)...)
-	cmd.Dir = m.root
+	cmd.Dir = dir
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -10,14 +10,19 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// marker names the file whose code a Markdown snippet shows.
-var marker = regexp.MustCompile(`^<!-- example: (\S+) -->$`)
+// marker names the file whose code a Markdown snippet shows; wholeMarker names the file
+// a snippet shows whole, byte for byte.
+var (
+	marker      = regexp.MustCompile(`^<!-- example: (\S+) -->$`)
+	wholeMarker = regexp.MustCompile(`^<!-- file: (\S+) -->$`)
+)
 
 // The Go snippets of the README and of every guide in docs/ are the examples' code,
 // compiled and run by go test: every snippet is preceded by a marker naming its file
 // (relative to the repository's root), and every line of the snippet appears in that
 // file, in the same order (the snippet may leave lines out, such as error handling, but
-// may not change one).
+// may not change one). A snippet preceded by <!-- file: path --> instead is that whole
+// file, unchanged, such as the README's quick start, which a user copies as it is.
 func TestReadmeSnippetsAreExamples(t *testing.T) {
 	t.Parallel()
 	root := filepath.Join("..", "..")
@@ -67,6 +72,10 @@ func checkSnippets(t *testing.T, root, name, src string) int {
 		i = end
 		m := []string(nil)
 		if start >= 2 {
+			if w := wholeMarker.FindStringSubmatch(lines[start-2]); w != nil {
+				checkWhole(t, root, name, start, w[1], lines[start:end])
+				continue
+			}
 			m = marker.FindStringSubmatch(lines[start-2])
 		}
 		if m == nil {
@@ -83,6 +92,31 @@ func checkSnippets(t *testing.T, root, name, src string) int {
 		}
 	}
 	return snippets
+}
+
+// checkWhole checks that snippet, at line start of the Markdown file name, is the file
+// path of the repository, whole.
+func checkWhole(t *testing.T, root, name string, start int, path string, snippet []string) {
+	t.Helper()
+	code, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(path)))
+	if err != nil {
+		t.Errorf("%s:%d: %v", name, start, err)
+		return
+	}
+	want := strings.Split(strings.TrimSuffix(string(code), "\n"), "\n")
+	for i := 0; i < len(want) || i < len(snippet); i++ {
+		switch {
+		case i >= len(snippet):
+			t.Errorf("%s:%d: the snippet ends before %s does (its line %d: %q)", name, start+i+1, path, i+1, want[i])
+		case i >= len(want):
+			t.Errorf("%s:%d: the snippet goes on after %s ends: %q", name, start+i+1, path, snippet[i])
+		case snippet[i] != want[i]:
+			t.Errorf("%s:%d: %q differs from line %d of %s: %q", name, start+i+1, snippet[i], i+1, path, want[i])
+		default:
+			continue
+		}
+		return
+	}
 }
 
 // snippetIn reports whether every line of snippet appears in code, in order, ignoring

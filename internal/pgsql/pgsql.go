@@ -54,14 +54,15 @@ func Interval(d time.Duration) pgtype.Interval {
 
 // SQLSTATE codes oncekit acts on, named as in PostgreSQL's errcodes.txt.
 const (
-	DivisionByZero           = "22012"
-	CharacterNotInRepertoire = "22021"
-	UntranslatableCharacter  = "22P05"
-	UniqueViolation          = "23505"
-	CheckViolation           = "23514"
-	InFailedSQLTransaction   = "25P02"
-	SerializationFailure     = "40001"
-	LockNotAvailable         = "55P03"
+	DivisionByZero            = "22012"
+	CharacterNotInRepertoire  = "22021"
+	InvalidTextRepresentation = "22P02"
+	UntranslatableCharacter   = "22P05"
+	UniqueViolation           = "23505"
+	CheckViolation            = "23514"
+	InFailedSQLTransaction    = "25P02"
+	SerializationFailure      = "40001"
+	LockNotAvailable          = "55P03"
 )
 
 // Code returns err's SQLSTATE, or "" when err is not from PostgreSQL.
@@ -216,4 +217,17 @@ func CommitUnknown(err error) bool {
 		return sev == "FATAL" || sev == "PANIC"
 	}
 	return true
+}
+
+// CleanupTimeout bounds how long a rollback (or any statement that undoes a call's
+// work) waits for its answer. Cleanup runs without the call's cancellation, so that a
+// cancelled call still cleans up; without a bound, a rollback whose answer is lost in a
+// network partition would wait as long as the connection lives. Past the bound, pgx
+// closes the connection, which ends its transaction with a rollback on the server.
+const CleanupTimeout = 2 * time.Second
+
+// Cleanup returns the context a rollback runs on: ctx's values without its
+// cancellation, bounded by [CleanupTimeout] from now.
+func Cleanup(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
 }

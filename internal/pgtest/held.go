@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,6 +30,16 @@ type Held struct {
 	Pool *pgxpool.Pool
 	app  string
 	url  string
+
+	mu sync.Mutex
+	// seen are the held commits already found, by backend and start: a commit whose
+	// client went away without cancelling it stays held, and is not found again.
+	seen []heldCommit
+}
+
+type heldCommit struct {
+	pid     int
+	started time.Time
 }
 
 // NewHeld opens a held pool on schema. It skips the test when the tests run against
@@ -44,6 +56,19 @@ func NewHeld(tb testing.TB, schema string) *Held {
 		c.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
 		c.ConnConfig.RuntimeParams["application_name"] = app
 		c.MaxConns = 4
+	})
+	// Commits still held when the test ends (their client went away) would hold their
+	// locks forever, and the schema's drop would wait for them: end them first.
+	tb.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), baseURL)
+		if err != nil {
+			tb.Logf("pgtest: end held commits: %v", err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil {
+			tb.Logf("pgtest: end held commits: %v", err)
+		}
 	})
 	return &Held{Pool: pool, app: app, url: baseURL}
 }
@@ -70,8 +95,31 @@ func (h *Held) act(ctx context.Context, tb testing.TB, timeout time.Duration, si
 	for {
 		var pid int
 		var started time.Time
-		err := conn.QueryRow(ctx, `SELECT pid, query_start FROM pg_stat_activity WHERE application_name = $1 AND wait_event = 'SyncRep' LIMIT 1`, h.app).Scan(&pid, &started)
+		found := false
+		rows, err := conn.Query(ctx, `SELECT pid, query_start FROM pg_stat_activity WHERE application_name = $1 AND wait_event = 'SyncRep'`, h.app)
 		if err == nil {
+			for rows.Next() {
+				var c heldCommit
+				if err = rows.Scan(&c.pid, &c.started); err != nil {
+					break
+				}
+				if !found && !h.wasSeen(c) {
+					pid, started, found = c.pid, c.started, true
+				}
+			}
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
+		}
+		if err == nil && !found {
+			err = pgx.ErrNoRows
+		}
+		if err == nil {
+			h.see(heldCommit{pid, started})
+			if signal == "" {
+				return pid
+			}
 			if _, err := conn.Exec(ctx, "SELECT "+signal+"($1)", pid); err != nil {
 				tb.Errorf("pgtest: %s(%d): %v", signal, pid, err)
 				return pid
@@ -94,7 +142,7 @@ func (h *Held) act(ctx context.Context, tb testing.TB, timeout time.Duration, si
 				}
 			}
 		}
-		if err != pgx.ErrNoRows {
+		if !errors.Is(err, pgx.ErrNoRows) {
 			tb.Errorf("pgtest: find a held commit: %v", err)
 			return 0
 		}
@@ -122,6 +170,30 @@ func (h *Held) TerminateAsync(ctx context.Context, tb testing.TB, timeout time.D
 		h.Terminate(ctx, tb, timeout)
 	}()
 	return done
+}
+
+// Wait waits until a commit of the held pool that no earlier call found is held, and
+// returns its backend's process ID, leaving it held.
+func (h *Held) Wait(ctx context.Context, tb testing.TB, timeout time.Duration) int {
+	tb.Helper()
+	return h.act(ctx, tb, timeout, "")
+}
+
+func (h *Held) wasSeen(c heldCommit) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range h.seen {
+		if s.pid == c.pid && s.started.Equal(c.started) {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *Held) see(c heldCommit) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.seen = append(h.seen, c)
 }
 
 // Release waits until a commit of the held pool is held, then lets it through: a

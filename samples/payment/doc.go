@@ -5,7 +5,7 @@
 // saga in the same run. It ends with a table of charges, refunds and duplicates, and
 // exits non-zero if oncekit's saga produced a single duplicate or lost a cent.
 //
-//	go run ./samples/payment
+//	go run -C samples ./payment
 //
 // It starts a throwaway PostgreSQL and a Temporal dev server unless DATABASE_URL and
 // TEMPORAL_ADDRESS name servers to use.

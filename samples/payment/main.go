@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/interceptor"
 	"go.temporal.io/sdk/temporal"
-	"go.temporal.io/sdk/workflow"
 
 	"github.com/oncekit/oncekit/devenv"
 	"github.com/oncekit/oncekit/keys"
@@ -204,7 +204,7 @@ func run(cfg config) (demoReport, error) {
 	defer sup.stop()
 
 	c, err := client.Dial(client.Options{HostPort: tmp.TemporalAddress, Namespace: tmp.Namespace, Logger: devenv.QuietLogger(),
-		ContextPropagators: []workflow.ContextPropagator{worker.TenantPropagator()}})
+		Interceptors: []interceptor.ClientInterceptor{worker.ClientInterceptor()}})
 	if err != nil {
 		return demoReport{}, err
 	}

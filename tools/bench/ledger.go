@@ -98,8 +98,13 @@ func newEnv(ctx context.Context, url string, conns int32, params map[string]stri
 //   - naive: the look-then-insert guard many codebases write first.
 //   - first_metered: first on a ledger whose metrics are recorded (an in-memory meter
 //     summing every counter), so metered_vs_first prices the instruments.
+//   - statement: Ledger.DoStatement with the same INSERT (RETURNING its id), one
+//     statement that claims, writes and records, in one round trip; statement_floor: the
+//     same INSERT and a record-shaped row with its rows as JSON in one statement sent
+//     raw, no claim, no read of the record and no oncekit code (1 round trip);
+//     replay_statement: a replay of a completed key by DoStatement (1).
 var scenarioNames = []string{"bare", "bare_again", "bare_pipelined", "floor", "floor_pipelined", "first", "first_metered", "first_default", "first_lookup", "first_claim",
-	"replay", "replay_default", "replay_claim", "naive",
+	"replay", "replay_default", "replay_claim", "naive", "statement", "statement_floor", "replay_statement",
 	"probe_savepoint", "probe_lock", "probe_claim", "probe_protocol", "probe_lock_timeout", "floor_ledger_record", "floor_ledger_record_plain"}
 
 // The probes price the statements a first execution could add to floor_pipelined, one
@@ -120,6 +125,17 @@ const claimProbe = `SELECT 1 / CASE WHEN NOT pg_try_advisory_xact_lock($1) THEN 
 		AND expires_at > coalesce(NULL::timestamptz, now())) THEN 0 ELSE 1 END`
 
 const insertOrder = `INSERT INTO orders (item, amount) VALUES ('bench', 100)`
+
+// statementOrder is insertOrder for DoStatement, whose rows are its stored response.
+var statementOrder = ledger.Statement{SQL: insertOrder + ` RETURNING id`, Code: 201}
+
+// statementFloor is statementOrder and a row of the ledger record's shape, its body the
+// order's rows as DoStatement stores them, in one statement.
+const statementFloor = `WITH w AS (` + insertOrder + ` RETURNING id)
+	INSERT INTO floor_records (tenant, operation, key, fingerprint, state, status_code, body, attempts, created_at, updated_at, expires_at)
+	SELECT 'bench', 'orders.create', $1, $2, 'completed', 201,
+		convert_to(coalesce('[' || string_agg(row_to_json(w.*)::text, ',') || ']', '[]'), 'UTF8'), 1, now(), now(), now() + interval '30 days'
+	FROM w RETURNING body`
 
 const insertFloorRecord = `INSERT INTO floor_records (tenant, operation, key, fingerprint, state, status_code, body, attempts, created_at, updated_at, expires_at)
 	VALUES ('bench', 'orders.create', $1, $2, 'completed', 201, $3, 1, now(), now(), now() + interval '30 days')`
@@ -268,9 +284,24 @@ func (e *env) scenarios() []scenario {
 			_, err := e.ledger.Do(ctx, e.intent(keys.Key(uuid.NewString())), e.mutation, &ledger.DoOpts{Mode: ledger.ModeClaimFirst})
 			return err
 		}},
+		{"statement", func(ctx context.Context, _ int) error {
+			_, err := e.ledger.DoStatement(ctx, e.intent(keys.Key(uuid.NewString())), statementOrder, nil)
+			return err
+		}},
+		{"statement_floor", func(ctx context.Context, _ int) error {
+			var body []byte
+			return e.pool.QueryRow(ctx, statementFloor, uuid.NewString(), string(e.fp)).Scan(&body)
+		}},
+		{"replay_statement", func(ctx context.Context, i int) error {
+			res, err := e.ledger.DoStatement(ctx, e.intent(e.replay[i%len(e.replay)]), statementOrder, nil)
+			if err == nil && !res.Replayed {
+				err = fmt.Errorf("replay scenario ran the statement")
+			}
+			return err
+		}},
 		{"replay_claim", e.replayIn(ledger.ModeClaimFirst)},
 		{"replay", e.replayIn(ledger.ModeLookUpFirst)},
-		{"replay_default", e.replayIn(ledger.ModeDefault)},
+		{"replay_default", e.replayIn(ledger.ModeClaimWithFirstStatement)},
 		{"naive", func(ctx context.Context, _ int) error { return e.naive(ctx, uuid.NewString()) }},
 		{"probe_savepoint", e.probe("probe_savepoint")},
 		{"probe_lock", e.probe("probe_lock")},
@@ -343,6 +374,10 @@ func setupSchema(ctx context.Context, url string) error {
 // and denominator scenario.
 var ledgerRatios = [][3]string{
 	{"noise", "bare_again", "bare"},
+	{"statement_vs_bare", "statement", "bare"},
+	{"statement_vs_floor", "statement", "statement_floor"},
+	{"default_vs_bare", "first_default", "bare"},
+	{"replay_statement_vs_statement", "replay_statement", "statement"},
 	{"first_vs_bare", "first", "bare"},
 	{"first_vs_floor", "first", "floor_pipelined"},
 	{"first_vs_bare.metered", "first_metered", "bare"},
@@ -505,6 +540,9 @@ func measureCosts(ctx context.Context, url string, line func(string)) error {
 		}
 		per := func(a, b int64) float64 { return float64(a-b) / n }
 		line(fmt.Sprintf("metric ledger.roundtrips.%s %.3g", name, float64(trips)/n))
+		if alias, ok := roundTripAliases[name]; ok {
+			line(fmt.Sprintf("metric ledger.%s %.3g", alias, float64(trips)/n))
+		}
 		line(fmt.Sprintf("metric ledger.wal_records.%s %.3g", name, per(after.records, before.records)))
 		line(fmt.Sprintf("metric ledger.wal_bytes.%s %.4g", name, per(after.bytes, before.bytes)))
 		line(fmt.Sprintf("metric ledger.wal_flushes.%s %.3g", name, per(after.syncs, before.syncs)))
@@ -570,6 +608,12 @@ func splitTimes(ctx context.Context, url string, rounds int) (server, client map
 		server[name], client[name] = median(serverSamples[name]), median(clientSamples[name])
 	}
 	return server, client, nil
+}
+
+// roundTripAliases name the round trips of the replays the ledger promises a bound on.
+var roundTripAliases = map[string]string{
+	"replay_statement": "statement_replay_roundtrips",
+	"replay_default":   "default_replay_roundtrips",
 }
 
 type costStats struct{ records, bytes, syncs, xids int64 }

@@ -8,6 +8,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -21,7 +22,9 @@ import (
 
 func main() {
 	quick := flag.Bool("quick", false, "run a few iterations only, to check the benchmark works")
-	only := flag.String("only", "", "run one group only: ledger, http, messaging, activity, or citus or scale (which run only when named)")
+	only := flag.String("only", "", "run one group only: ledger, http, messaging, activity, agent, or citus or scale (which run only when named)")
+	flag.IntVar(&ledgerReps, "ledger-reps", 0, "the ledger group's repetitions, each on a fresh cluster (0: 4, or 1 with -quick)")
+	flag.IntVar(&ledgerRounds, "ledger-rounds", 0, "the ledger group's rounds per repetition (0: 240, or 2 with -quick)")
 	flag.Parse()
 	if err := run(*quick, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -91,6 +94,10 @@ func freshServer(databaseURL string) func(context.Context) (string, func(), erro
 	}
 }
 
+// ledgerReps and ledgerRounds, when set, size the ledger group for a short run on a
+// quiet machine.
+var ledgerReps, ledgerRounds int
+
 func run(quick bool, only string) error {
 	ctx := context.Background()
 	url := os.Getenv("DATABASE_URL")
@@ -115,7 +122,7 @@ func run(quick bool, only string) error {
 		// named says the group runs only when -only names it.
 		named bool
 	}{
-		{"ledger", ledgerBench{server: freshServer(url), reps: scale(4, 1), rounds: scale(240, 2), burst: 5,
+		{"ledger", ledgerBench{server: freshServer(url), reps: cmp.Or(ledgerReps, scale(4, 1)), rounds: cmp.Or(ledgerRounds, scale(240, 2)), burst: 5,
 			serverTime: os.Getenv("DATABASE_URL") == "" && clusterOpts().Settings != nil}.run, false},
 		{"http", repeatedGroup(freshServer(url), scale(4, 1), func(url string) func(context.Context, io.Writer) error {
 			return httpBench{url: url, rounds: scale(200, 2), opsPerRound: 5}.run
@@ -124,6 +131,9 @@ func run(quick bool, only string) error {
 			return messagingBench{url: url, rounds: scale(200, 2), opsPerRound: 5, dispatchN: scale(50000, 2000)}.run
 		}), false},
 		{"activity", activityBench{url: url, rounds: scale(15, 2)}.run, false},
+		{"agent", repeatedGroup(freshServer(url), scale(4, 1), func(url string) func(context.Context, io.Writer) error {
+			return agentBench{url: url, rounds: scale(200, 2), opsPerRound: 5}.run
+		}), false},
 		{name: "citus", named: true, run: citusBench{rounds: scale(300, 2), burst: 5}.run},
 		{name: "scale", named: true, run: func(ctx context.Context, out io.Writer) error {
 			sizes, err := scaleSizes()

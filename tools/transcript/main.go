@@ -1,7 +1,7 @@
 // Command transcript produces the transcript of the oncekit command that
 // docs/operating.md shows: it starts a throwaway PostgreSQL, records a few intents (a
-// claim left stuck, one whose lease is live, activity keys of a workflow run) and a dead
-// outbox event, builds the command from its module and runs it, printing each command
+// claim left stuck, one whose lease is live, activity keys of a workflow run, its saga's
+// key), a dead outbox event and an inbox message, builds the command from its module and runs it, printing each command
 // line and its real output.
 //
 //	go run ./tools/transcript
@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/devenv"
+	"github.com/oncekit/oncekit/inbox"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/migrate"
@@ -61,11 +62,26 @@ func main() {
 	must(err)
 	_, err = l.Claim(ctx, in("shop", "payments.charge", string(keys.Run(run, "9"))), &ledger.ClaimOpts{Lease: time.Hour})
 	must(err)
+	// The saga of workflow order-1, running in that run: its default key holds the
+	// workflow ID and the run ID.
+	sagaKey, err := keys.Business("saga", "order-1", run)
+	must(err)
+	_, err = l.Claim(ctx, in("shop", "oncekit.saga", string(sagaKey)), &ledger.ClaimOpts{Lease: time.Hour})
+	must(err)
+	// A message the billing consumer handled.
+	ib, err := inbox.New(pool, nil)
+	must(err)
+	_, err = ib.Handle(ctx, "billing", "msg-8f14e45f", func(context.Context, pgx.Tx) error { return nil })
+	must(err)
 	// An event the broker refused for good: dead until an operator retries it.
 	out, err := outbox.New(pool, nil)
 	must(err)
+	var deadID string
 	must(pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := out.Enqueue(ctx, tx, outbox.Event{Topic: "payments.captured", Payload: []byte(`{"order":"order-1","amount":4200}`)})
+		ids, err := out.Enqueue(ctx, tx, outbox.Event{Topic: "payments.captured", Payload: []byte(`{"order":"order-1","amount":4200}`)})
+		if err == nil {
+			deadID = ids[0].String()
+		}
 		return err
 	}))
 	refuse := outbox.PublisherFunc(func(context.Context, outbox.Event) error {
@@ -88,6 +104,7 @@ func main() {
 	stuck, live := string(keys.Run(run, "5")), string(keys.Run(run, "9"))
 	for _, args := range [][]string{
 		{"status"},
+		{"list", "--workflow-id", "order-1"},
 		{"list", "--run-id", run},
 		{"inspect", "shop", "payments.charge", stuck},
 		{"release", "shop", "payments.charge", live},
@@ -95,7 +112,11 @@ func main() {
 		{"release", "shop", "payments.charge", stuck, "-y", "--reason", "INC-311: worker host lost", "--actor", "alice"},
 		{"inspect", "shop", "payments.charge", stuck},
 		{"outbox", "dead"},
-		{"purge"},
+		{"outbox", "retry", deadID},
+		{"outbox", "retry", deadID, "--reason", "INC-312: broker schema fixed", "--actor", "alice"},
+		{"audit"},
+		{"inbox", "show", "billing", "msg-8f14e45f"},
+		{"purge", "--dry-run"},
 		{"migrate", "status"},
 	} {
 		fmt.Printf("$ oncekit %s\n", shellQuote(args))

@@ -14,9 +14,9 @@ import (
 	"github.com/oncekit/oncekit/worker"
 )
 
-// The propagator carries the tenant to activities and child workflows, and a key handed
+// The interceptor carries the tenant to activities and child workflows, and a key handed
 // to one activity call to that activity only, never into a child workflow.
-func TestPropagator_TenantAndKey(t *testing.T) {
+func TestHeaders_TenantAndKey(t *testing.T) {
 	t.Parallel()
 	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Tenant: "fallback"})
 	type seen struct{ Tenant, Key string }

@@ -1,0 +1,156 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/ledger"
+)
+
+// Task is one task of an agent, such as a ticket: the calls it makes are keyed by its
+// ID and their steps. A task claimed with [Guard.ClaimTask] is owned with a lease, and
+// its calls are fenced: once another agent has taken it over, they are refused. A task
+// from [Guard.Task] is not claimed: its owner is kept elsewhere, such as by a workflow.
+type Task struct {
+	// Tenant and ID name the task.
+	Tenant string
+	ID     string
+	// Attempt counts the agents that claimed the task, this one included; 0 for a task
+	// that was not claimed.
+	Attempt int
+	// TakenOver is true when an earlier agent claimed the task and did not finish it:
+	// its completed calls replay, and its uncertain ones are reported.
+	TakenOver bool
+
+	g     *Guard
+	mu    sync.Mutex // guards lease
+	lease *ledger.Lease
+}
+
+// Task returns task id of tenant, not claimed: for agents whose runtime owns the task,
+// such as a Temporal workflow. Its calls are guarded and not fenced.
+func (g *Guard) Task(tenant, id string) *Task {
+	return &Task{Tenant: tenant, ID: id, g: g}
+}
+
+// ClaimTaskOpts are per-call options of [Guard.ClaimTask]. A nil *ClaimTaskOpts means
+// all defaults.
+type ClaimTaskOpts struct {
+	// Lease overrides [Config].TaskLease for this claim.
+	Lease time.Duration
+}
+
+// ClaimTask claims task id of tenant for this agent with a lease and an owner token.
+// Keep it with [Task.Heartbeat] and end it with [Task.Finish] or [Task.Release]. A task
+// another agent holds is refused with ledger.ErrInProgress; a task whose owner's lease
+// ran out is taken over (Task.TakenOver); a finished task is refused with
+// [ErrTaskDone].
+func (g *Guard) ClaimTask(ctx context.Context, tenant, id string, opts *ClaimTaskOpts) (*Task, error) {
+	in, err := taskIntent(tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	lease := g.cfg.TaskLease
+	if opts != nil && opts.Lease > 0 {
+		lease = opts.Lease
+	}
+	claim, err := g.l.Claim(ctx, in, &ledger.ClaimOpts{Lease: lease})
+	var derr *ledger.DefinitiveError
+	switch {
+	case errors.As(err, &derr):
+		return nil, fmt.Errorf("%w: %w", ErrTaskDone, err)
+	case err != nil:
+		return nil, err
+	case claim.Lease == nil:
+		return nil, fmt.Errorf("%w: task %q of tenant %q", ErrTaskDone, id, tenant)
+	}
+	return &Task{Tenant: tenant, ID: id, Attempt: claim.Lease.Attempt, TakenOver: claim.Lease.Redrive, g: g, lease: claim.Lease}, nil
+}
+
+func taskIntent(tenant, id string) (ledger.Intent, error) {
+	if tenant == "" || id == "" {
+		return ledger.Intent{}, errors.New("oncekit/agent: a task needs a tenant and an ID")
+	}
+	key, err := keys.Business("agent-task", id)
+	if err != nil {
+		return ledger.Intent{}, err
+	}
+	return ledger.Intent{Scope: keys.Scope{Tenant: tenant, Operation: OperationTask}, Key: key,
+		Fingerprint: keys.FingerprintBytes([]byte(OperationTask))}, nil
+}
+
+// LeaseUntil returns when the task's claim runs out, or zero for a task not claimed.
+func (t *Task) LeaseUntil() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.lease == nil {
+		return time.Time{}
+	}
+	return t.lease.Until
+}
+
+// Heartbeat renews the task's claim for the guard's task lease. It returns a
+// [*StaleOwnerError] when another agent took the task over: stop working on it.
+func (t *Task) Heartbeat(ctx context.Context) error {
+	if t.lease == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stale(t.g.l.Extend(ctx, t.lease, t.g.cfg.TaskLease))
+}
+
+// fence renews the task's claim inside tx, the transaction that claims a tool call:
+// the row lock it takes keeps another agent from taking the task over until tx ends,
+// and a claim that passed to another agent refuses the call.
+func (t *Task) fence(ctx context.Context, tx pgx.Tx) error {
+	if t.lease == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stale(t.g.l.ExtendTx(ctx, tx, t.lease, t.g.cfg.TaskLease))
+}
+
+func (t *Task) stale(err error) error {
+	if errors.Is(err, ledger.ErrLeaseLost) {
+		return &StaleOwnerError{Tenant: t.Tenant, Task: t.ID}
+	}
+	return err
+}
+
+// Finish records the task's outcome and ends the claim: a later claim of the task is
+// refused with [ErrTaskDone]. It returns a [*StaleOwnerError] when another agent took
+// the task over.
+func (t *Task) Finish(ctx context.Context, outcome json.RawMessage) error {
+	if t.lease == nil {
+		return nil
+	}
+	if len(outcome) == 0 {
+		outcome = json.RawMessage("null")
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, err := t.g.l.Complete(ctx, t.lease, ledger.Response{Body: outcome})
+	return t.stale(err)
+}
+
+// Release gives the task up unfinished, such as on shutdown, so that another agent may
+// claim it at once; its calls keep their records and replay.
+func (t *Task) Release(ctx context.Context) error {
+	if t.lease == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// MarkUncertain, unlike the ledger's Release, keeps the task's attempt count: the
+	// next agent sees it as a take-over.
+	return t.stale(t.g.l.MarkUncertain(ctx, t.lease))
+}

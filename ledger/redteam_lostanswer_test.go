@@ -1,0 +1,535 @@
+package ledger_test
+
+// Tests of what a caller hears when an answer from PostgreSQL is lost, written against
+// the documented contract: once a commit is sent, a call answers committed (nil),
+// rolled back (any other error) or unknown (ledger.ErrOutcomeUnknown), and a retry with
+// the same key settles an unknown one with one effect. Faults come from a TCP proxy
+// that cuts the connection or drops the server's answers after a chosen round trip,
+// and from held commits (pgtest.NewHeld) whose backend is terminated.
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oncekit/oncekit/internal/pgtest"
+	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/ledger"
+	"github.com/oncekit/oncekit/migrate"
+)
+
+var rtModes = []ledger.Mode{ledger.ModeClaimWithFirstStatement, ledger.ModeClaimFirst, ledger.ModeLookUpFirst, ledger.ModeOptimistic}
+
+var rtScope = keys.Scope{Tenant: "t", Operation: "op"}
+
+func rtIntent(k string) ledger.Intent {
+	return ledger.Intent{Scope: rtScope, Key: keys.Key(k), Fingerprint: keys.FingerprintBytes([]byte("p"))}
+}
+
+// rtEnv is a migrated schema with an effects table, a ledger on a direct pool (the
+// truth, read on fresh connections) and one through the proxy.
+type rtEnv struct {
+	schema string
+	direct *pgxpool.Pool
+	L      *ledger.Ledger
+	px     *rtProxy
+	PL     *ledger.Ledger
+}
+
+func rtNewEnv(t *testing.T) *rtEnv {
+	t.Helper()
+	ctx := context.Background()
+	direct, schema := pgtest.NewSchema(t)
+	_, err := migrate.Up(ctx, direct, schema)
+	require.NoError(t, err)
+	_, err = direct.Exec(ctx, `CREATE TABLE effects (k text NOT NULL)`)
+	require.NoError(t, err)
+	L, err := ledger.New(direct, &ledger.Config{Schema: schema})
+	require.NoError(t, err)
+	px := rtNewProxy(t)
+	PL, err := ledger.New(px.pool(t, schema), &ledger.Config{Schema: schema})
+	require.NoError(t, err)
+	return &rtEnv{schema: schema, direct: direct, L: L, px: px, PL: PL}
+}
+
+func (e *rtEnv) effects(t *testing.T, k string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, e.direct.QueryRow(context.Background(), `SELECT count(*) FROM effects WHERE k = $1`, k).Scan(&n))
+	return n
+}
+
+// rtEffect counts its calls and writes one effect row.
+func rtEffect(k string, calls *atomic.Int32) ledger.Func {
+	return func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+		calls.Add(1)
+		if _, err := tx.Exec(ctx, `INSERT INTO effects (k) VALUES ($1)`, k); err != nil {
+			return ledger.Response{}, err
+		}
+		return ledger.Response{Code: 201, Body: []byte(`"` + k + `"`)}, nil
+	}
+}
+
+// checkDo checks what a Do call heard against the effects and the record, then retries
+// with the same key: the retry must settle it with exactly one effect.
+func (e *rtEnv) checkDo(t *testing.T, label, k string, mode ledger.Mode, err error) {
+	t.Helper()
+	ctx := context.Background()
+	n := e.effects(t, k)
+	rec, gerr := e.L.Get(ctx, rtScope, keys.Key(k))
+	switch {
+	case err == nil:
+		require.Equal(t, 1, n, "%s: heard committed", label)
+		require.NoError(t, gerr, label)
+		require.Equal(t, ledger.StateCompleted, rec.State, label)
+	case errors.Is(err, ledger.ErrOutcomeUnknown):
+		var oe *ledger.OutcomeUnknownError
+		require.ErrorAs(t, err, &oe, label)
+	default:
+		require.Equal(t, 0, n, "%s: heard rolled back (%v), yet the effect committed", label, err)
+		require.ErrorIs(t, gerr, ledger.ErrNotFound, "%s: heard rolled back (%v), yet a record is there", label, err)
+	}
+	var calls atomic.Int32
+	res, rerr := e.L.Do(ctx, rtIntent(k), rtEffect(k, &calls), &ledger.DoOpts{Mode: mode, Wait: 10 * time.Second})
+	require.NoError(t, rerr, "%s: retry", label)
+	require.Equal(t, 1, e.effects(t, k), "%s: effects after the retry", label)
+	if n == 1 {
+		require.True(t, res.Replayed, "%s: the first call committed, the retry must replay", label)
+	}
+}
+
+// TestRedteamDoLostCommitAnswer cuts the connection after each round trip of Do in
+// every mode, and terminates the backend of (or cancels the context of) a held commit:
+// no call that committed hears rolled back, and a retry settles every call with one
+// effect.
+func TestRedteamDoLostCommitAnswer(t *testing.T) {
+	e := rtNewEnv(t)
+	h := pgtest.NewHeld(t, e.schema)
+	HL, err := ledger.New(h.Pool, &ledger.Config{Schema: e.schema})
+	require.NoError(t, err)
+	ctx := context.Background()
+	for _, mode := range rtModes {
+		for n := 1; ; n++ {
+			k := fmt.Sprintf("cut-%d-%d", mode, n)
+			e.px.arm(rtCutAfter, n)
+			var calls atomic.Int32
+			_, err := e.PL.Do(ctx, rtIntent(k), rtEffect(k, &calls), &ledger.DoOpts{Mode: mode})
+			fired, at := e.px.disarm()
+			if !fired {
+				if err != nil {
+					// A connection an earlier round cut may still sit in the pool: the call
+					// met it, and is judged as any other.
+					e.px.settle(t, e.direct)
+					e.checkDo(t, fmt.Sprintf("mode %v, a pooled connection cut earlier", mode), k, mode, err)
+				}
+				break
+			}
+			e.px.settle(t, e.direct)
+			e.checkDo(t, fmt.Sprintf("mode %v, cut after round trip %d (%.60q)", mode, n, at), k, mode, err)
+		}
+		for _, how := range []string{"terminate", "cancel"} {
+			k := fmt.Sprintf("held-%d-%s", mode, how)
+			cctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			var calls atomic.Int32
+			go func() {
+				_, err := HL.Do(cctx, rtIntent(k), rtEffect(k, &calls), &ledger.DoOpts{Mode: mode})
+				done <- err
+			}()
+			if how == "terminate" {
+				h.Terminate(ctx, t, 10*time.Second)
+			} else {
+				h.Wait(ctx, t, 10*time.Second)
+				cancel()
+			}
+			err := <-done
+			cancel()
+			label := fmt.Sprintf("mode %v, held commit, %s", mode, how)
+			require.ErrorIs(t, err, ledger.ErrOutcomeUnknown, label)
+			require.Eventually(t, func() bool { return e.effects(t, k) == 1 }, 10*time.Second, 2*time.Millisecond, label)
+			e.checkDo(t, label, k, mode, err)
+		}
+	}
+}
+
+// TestRedteamFinishLostAnswer terminates the backend of, or cancels the context of,
+// Claim and each finish while its statement's commit is durable and held: each hears
+// unknown, never rolled back.
+func TestRedteamFinishLostAnswer(t *testing.T) {
+	e := rtNewEnv(t)
+	h := pgtest.NewHeld(t, e.schema)
+	HL, err := ledger.New(h.Pool, &ledger.Config{Schema: e.schema})
+	require.NoError(t, err)
+	ctx := context.Background()
+	finishes := map[string]func(context.Context, *ledger.Lease) error{
+		"Claim": nil,
+		"Complete": func(ctx context.Context, l *ledger.Lease) error {
+			_, err := HL.Complete(ctx, l, ledger.Response{Code: 200})
+			return err
+		},
+		"Fail": func(ctx context.Context, l *ledger.Lease) error {
+			return HL.Fail(ctx, l, ledger.Definitive("no", "no"))
+		},
+		"Release":       func(ctx context.Context, l *ledger.Lease) error { return HL.Release(ctx, l) },
+		"MarkUncertain": func(ctx context.Context, l *ledger.Lease) error { return HL.MarkUncertain(ctx, l) },
+		"Extend":        func(ctx context.Context, l *ledger.Lease) error { return HL.Extend(ctx, l, time.Hour) },
+	}
+	for name, finish := range finishes {
+		for _, how := range []string{"terminate", "cancel"} {
+			k := name + "-" + how
+			var lease *ledger.Lease
+			if finish != nil {
+				c, err := e.L.Claim(ctx, rtIntent(k), &ledger.ClaimOpts{Lease: time.Minute})
+				require.NoError(t, err)
+				lease = c.Lease
+			}
+			cctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() {
+				if finish == nil {
+					_, err := HL.Claim(cctx, rtIntent(k), &ledger.ClaimOpts{Lease: time.Minute})
+					done <- err
+					return
+				}
+				done <- finish(cctx, lease)
+			}()
+			if how == "terminate" {
+				h.Terminate(ctx, t, 10*time.Second)
+			} else {
+				h.Wait(ctx, t, 10*time.Second)
+				cancel()
+			}
+			err := <-done
+			cancel()
+			require.ErrorIs(t, err, ledger.ErrOutcomeUnknown, "%s, held, %s", name, how)
+		}
+	}
+}
+
+// TestRedteamRollbackAnswerLostReturns drops every answer from the server after a
+// chosen round trip (a network partition that sends no reset) while Do's fn fails,
+// with a plain error or a definitive one, and the caller's context has a deadline of
+// 300ms. Do must return once the deadline passes: a context that ended while an answer
+// was awaited ends the call. A call that has not returned 10s later is a failure; the
+// test then closes the proxy's connections to free it.
+func TestRedteamRollbackAnswerLostReturns(t *testing.T) {
+	ctx := context.Background()
+	fns := map[string]func(k string) ledger.Func{
+		"plain error": func(k string) ledger.Func {
+			return func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+				if _, err := tx.Exec(ctx, `INSERT INTO effects (k) VALUES ($1)`, k); err != nil {
+					return ledger.Response{}, err
+				}
+				return ledger.Response{}, errors.New("boom")
+			}
+		},
+		"definitive": func(k string) ledger.Func {
+			return func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+				if _, err := tx.Exec(ctx, `INSERT INTO effects (k) VALUES ($1)`, k); err != nil {
+					return ledger.Response{}, err
+				}
+				return ledger.Response{}, ledger.Definitive("declined", "declined")
+			}
+		},
+	}
+	for _, mode := range rtModes {
+		for name, fn := range fns {
+			t.Run(fmt.Sprintf("%v/%s", mode, name), func(t *testing.T) {
+				e := rtNewEnv(t)
+				for n := 1; ; n++ {
+					k := fmt.Sprintf("bh-%d", n)
+					e.px.arm(rtBlackhole, n)
+					cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+					done := make(chan error, 1)
+					go func() {
+						_, err := e.PL.Do(cctx, rtIntent(k), fn(k), &ledger.DoOpts{Mode: mode})
+						done <- err
+					}()
+					var err error
+					select {
+					case err = <-done:
+					case <-time.After(10 * time.Second):
+						_, at := e.px.disarm()
+						e.px.closeAll()
+						err = <-done
+						cancel()
+						t.Fatalf("answers lost after round trip %d (%.60q): Do returned only when the connection was closed, 10s after its context's deadline (%v)", n, at, err)
+					}
+					require.Error(t, err, "fn failed, so Do cannot succeed")
+					cancel()
+					if fired, _ := e.px.disarm(); !fired {
+						return
+					}
+				}
+			})
+		}
+	}
+}
+
+// rtProxy is a TCP proxy in front of the test server that reads the client's
+// messages and, when armed, acts at the n-th round trip (a simple Query or a Sync)
+// after arming: it forwards the round trip and then either cuts both sockets, or
+// keeps forwarding what the client sends and drops every answer (a blackhole).
+type rtProxy struct {
+	ln net.Listener
+
+	mu      sync.Mutex
+	upNet   string
+	upAddr  string
+	act     rtAction
+	left    int
+	fired   bool
+	firedAt string
+	cut     []int // backends of the connections acted on
+	conns   []net.Conn
+}
+
+type rtAction int
+
+const (
+	rtNone rtAction = iota
+	rtCutAfter
+	rtBlackhole
+)
+
+func rtNewProxy(t *testing.T) *rtProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &rtProxy{ln: ln}
+	go p.accept()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.closeAll()
+	})
+	return p
+}
+
+// pool opens a pool on schema whose connections go through the proxy.
+func (p *rtProxy) pool(t *testing.T, schema string) *pgxpool.Pool {
+	return pgtest.Pool(t, schema, func(c *pgxpool.Config) {
+		c.MaxConns = 4
+		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			// A cancel request dials the address the connection reached, the
+			// proxy's: only the first dial names the server.
+			p.mu.Lock()
+			if p.upNet == "" {
+				p.upNet, p.upAddr = network, addr
+			}
+			p.mu.Unlock()
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", p.ln.Addr().String())
+		}
+	})
+}
+
+func (p *rtProxy) arm(a rtAction, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.act, p.left, p.fired, p.firedAt = a, n, false, ""
+}
+
+// disarm reports whether the proxy acted, and on which statements.
+func (p *rtProxy) disarm() (bool, string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.act = rtNone
+	return p.fired, p.firedAt
+}
+
+func (p *rtProxy) closeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+func (p *rtProxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		network, addr := p.upNet, p.upAddr
+		p.mu.Unlock()
+		up, err := net.Dial(network, addr)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		pc := &rtConn{p: p, client: c, server: up, stmts: map[string]string{}, portals: map[string]string{}}
+		go pc.serverToClient()
+		go pc.clientToServer()
+	}
+}
+
+type rtConn struct {
+	p              *rtProxy
+	client, server net.Conn
+	mu             sync.Mutex
+	drop           bool
+	pid            int
+	stmts, portals map[string]string
+	pending        []string
+}
+
+func rtReadMsg(r io.Reader) (byte, []byte, error) {
+	var h [5]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	msg := make([]byte, int(binary.BigEndian.Uint32(h[1:]))-4)
+	_, err := io.ReadFull(r, msg)
+	return h[0], append(h[:], msg...), err
+}
+
+func rtCString(b []byte) (string, []byte) {
+	i := bytes.IndexByte(b, 0)
+	if i < 0 {
+		return string(b), nil
+	}
+	return string(b[:i]), b[i+1:]
+}
+
+func (c *rtConn) serverToClient() {
+	defer c.client.Close()
+	for {
+		typ, raw, err := rtReadMsg(c.server)
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		if typ == 'K' && len(raw) >= 9 {
+			c.pid = int(binary.BigEndian.Uint32(raw[5:]))
+		}
+		drop := c.drop
+		c.mu.Unlock()
+		if !drop {
+			if _, err := c.client.Write(raw); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func (c *rtConn) clientToServer() {
+	defer c.server.Close()
+	// The startup message (or a cancel request) has no type byte.
+	var hdr [4]byte
+	if _, err := io.ReadFull(c.client, hdr[:]); err != nil {
+		return
+	}
+	body := make([]byte, int(binary.BigEndian.Uint32(hdr[:]))-4)
+	if _, err := io.ReadFull(c.client, body); err != nil {
+		return
+	}
+	if _, err := c.server.Write(append(hdr[:], body...)); err != nil {
+		return
+	}
+	var out []byte
+	for {
+		typ, raw, err := rtReadMsg(c.client)
+		if err != nil {
+			return
+		}
+		body := raw[5:]
+		roundTrip := false
+		switch typ {
+		case 'Q':
+			q, _ := rtCString(body)
+			c.pending = append(c.pending, q)
+			roundTrip = true
+		case 'P':
+			name, rest := rtCString(body)
+			c.stmts[name], _ = rtCString(rest)
+		case 'B':
+			portal, rest := rtCString(body)
+			stmt, _ := rtCString(rest)
+			c.portals[portal] = c.stmts[stmt]
+		case 'E':
+			portal, _ := rtCString(body)
+			c.pending = append(c.pending, c.portals[portal])
+		case 'S':
+			roundTrip = true
+		}
+		out = append(out, raw...)
+		if !roundTrip && typ != 'X' && typ != 'H' {
+			continue
+		}
+		act := rtNone
+		if roundTrip {
+			p := c.p
+			p.mu.Lock()
+			if p.act != rtNone {
+				p.left--
+				if p.left == 0 {
+					act, p.act, p.fired = p.act, rtNone, true
+					p.firedAt = strings.Join(c.pending, "; ")
+					c.mu.Lock()
+					p.cut = append(p.cut, c.pid)
+					c.mu.Unlock()
+				}
+			}
+			p.mu.Unlock()
+			c.pending = nil
+		}
+		if _, err := c.server.Write(out); err != nil {
+			return
+		}
+		out = out[:0]
+		switch act {
+		case rtCutAfter:
+			c.mu.Lock()
+			c.drop = true
+			c.mu.Unlock()
+			_ = c.client.Close()
+			// The server reads what it was sent, then the end of the stream.
+			if cw, ok := c.server.(interface{ CloseWrite() error }); ok {
+				_ = cw.CloseWrite()
+			}
+			_, _ = io.Copy(io.Discard, c.server)
+			return
+		case rtBlackhole:
+			c.mu.Lock()
+			c.drop = true
+			c.mu.Unlock()
+			_, _ = io.Copy(c.server, c.client)
+			return
+		}
+	}
+}
+
+// settle waits until the backends of the connections the proxy acted on have
+// ended, so that a statement they were sent has committed or rolled back before
+// the truth is read.
+func (p *rtProxy) settle(t *testing.T, db *pgxpool.Pool) {
+	t.Helper()
+	p.mu.Lock()
+	pids := p.cut
+	p.cut = nil
+	p.mu.Unlock()
+	ctx := context.Background()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids).Scan(&n))
+		return n == 0
+	}, 20*time.Second, 2*time.Millisecond)
+}
