@@ -96,8 +96,8 @@ type hcall struct {
 // extension is a successful Extend of a lease: the lease ran until until from the
 // log's entry seq on.
 type extension struct {
-	seq   int
-	until time.Time
+	start, seq int
+	until      time.Time
 }
 
 // histEnv is what the clients share.
@@ -656,10 +656,11 @@ func (e *histEnv) external(c *hcall, rng *rand.Rand) {
 		if rng.IntN(2) == 0 {
 			d = 2 * histRetention
 		}
+		extStart := e.log.Add(history.Event{Client: c.client, Kind: "call", Op: "Ext/Extend", Key: c.key, Detail: "token=" + c.token + " for " + d.String()})
 		if err = l.Extend(ctx, lease, d); err == nil {
 			seq := e.log.Add(history.Event{Client: c.client, Kind: "return", Op: "Ext/Extend", Key: c.key,
 				Detail: fmt.Sprintf("token=%s until=%s", c.token, lease.Until.Format("15:04:05.000"))})
-			c.extends = append(c.extends, extension{seq: seq, until: lease.Until})
+			c.extends = append(c.extends, extension{start: extStart, seq: seq, until: lease.Until})
 			if d > histLease {
 				time.Sleep(histRetention + time.Duration(rng.IntN(int(histRetention/2/time.Millisecond)))*time.Millisecond)
 			}
@@ -822,11 +823,20 @@ func (e *histEnv) check() int {
 				if a == b || b.startSeq < a.endSeq || a.finishSeq < b.endSeq {
 					continue
 				}
-				until := a.until
+				// Extend renews the lease from its own time, which may end it sooner than
+				// the claim did: the lease is the last one known before b began, and an
+				// extension in flight while b claimed leaves it unknown.
+				until, unknown := a.until, false
 				for _, x := range a.extends {
-					if x.seq < b.startSeq && x.until.After(until) {
+					switch {
+					case x.seq < b.startSeq:
 						until = x.until
+					case x.start < b.endSeq:
+						unknown = true
 					}
+				}
+				if unknown {
+					continue
 				}
 				if b.endStub.Before(until) {
 					bad("at most one live lease per key", b, "claimed with token %s by %s, while call %d's lease with token %s ran until %s and was not finished",
