@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -204,12 +206,41 @@ func (g *Guard) Ref(tenant, task, step, tool string) (CallRef, error) {
 		if f.v == "" {
 			return CallRef{}, fmt.Errorf("oncekit/agent: the call's %s is empty", f.name)
 		}
+		if err := storable(f.name, f.v); err != nil {
+			return CallRef{}, err
+		}
 	}
 	key, err := keys.Business("agent", task, step, tool)
 	if err != nil {
 		return CallRef{}, err
 	}
 	return CallRef{Tenant: tenant, Task: task, Step: step, Tool: tool, Key: key}, nil
+}
+
+// storable refuses a name PostgreSQL's text cannot hold (a NUL byte, invalid UTF-8)
+// with a *keys.ValidationError, before anything is sent or stored.
+func storable(field, v string) error {
+	if i := strings.IndexByte(v, 0); i >= 0 {
+		return &keys.ValidationError{Field: field, Value: truncate(v), Len: len(v), Offset: i, Byte: 0, Err: keys.ErrInvalidByte}
+	}
+	if !utf8.ValidString(v) {
+		for i := 0; i < len(v); {
+			r, size := utf8.DecodeRuneInString(v[i:])
+			if r == utf8.RuneError && size <= 1 {
+				return &keys.ValidationError{Field: field, Value: truncate(v), Len: len(v), Offset: i, Byte: v[i], Err: keys.ErrInvalidByte}
+			}
+			i += size
+		}
+	}
+	return nil
+}
+
+// truncate keeps at most 64 bytes of v for an error, as keys' errors do.
+func truncate(v string) string {
+	if len(v) > 64 {
+		return v[:64]
+	}
+	return v
 }
 
 // querier is what the package's statements run on: a pool or a transaction.
@@ -251,7 +282,8 @@ func (g *Guard) prepare(t *Task, step string, tool Tool, args json.RawMessage) (
 }
 
 func (g *Guard) unguarded(tool Tool) bool {
-	return g.cfg.TrustHints && tool.Hints.ReadOnly && !tool.Hints.Destructive
+	// A call that needs a person's approval is frozen for it whatever the tool says.
+	return g.cfg.TrustHints && tool.Hints.ReadOnly && !tool.Hints.Destructive && !tool.NeedsApproval
 }
 
 func (g *Guard) now() *time.Time {

@@ -78,6 +78,9 @@ func taskIntent(tenant, id string) (ledger.Intent, error) {
 	if tenant == "" || id == "" {
 		return ledger.Intent{}, errors.New("oncekit/agent: a task needs a tenant and an ID")
 	}
+	if err := storable("task", id); err != nil {
+		return ledger.Intent{}, err
+	}
 	key, err := keys.Business("agent-task", id)
 	if err != nil {
 		return ledger.Intent{}, err
