@@ -75,7 +75,9 @@ test-pg: ## Run the PostgreSQL packages on every other supported major (PG_VERSI
 # The saga's records are the ledger's (covered here through ./ledger and ./activity), and
 # its workflow logic does not depend on the database: make test runs ./saga.
 CITUS_PACKAGES ?= ./internal/pgsql ./ledger ./activity ./inbox ./outbox ./migrate ./webhook ./idempotency
-CITUS_TEST_FLAGS ?= -count=1 -p 1 -timeout 30m
+# DoStatement does not run on Citus yet (Citus refuses the subqueries of its INSERT,
+# SQLSTATE 0A000): its tests and example are skipped there.
+CITUS_TEST_FLAGS ?= -count=1 -p 1 -timeout 30m -skip 'DoStatement'
 test-citus: ## Run the ledger, activity, inbox, outbox, migrate, webhook and idempotency tests on a throwaway Citus cluster (a coordinator, 2 workers); builds Citus once from ONCEKIT_CITUS_TARBALL.
 	set -o pipefail; ONCEKIT_CITUS=1 $(GO) test -count=1 -v -run '^TestStartCitus$$' ./internal/pgtest | grep -Ev '^=== RUN'
 	ONCEKIT_CITUS=1 $(GO) test $(CITUS_TEST_FLAGS) $(CITUS_PACKAGES)

@@ -68,8 +68,9 @@ const (
 	// key, or in progress past the wait), the statement and every later one return an
 	// error without running, and the call returns the record's answer whatever fn
 	// returns. So fn must act through tx: anything it does before its first statement
-	// happens even for a call that replays. A replay takes two round trips: the claim,
-	// which reads the key's record in its own round trip, and the rollback.
+	// happens even for a call that replays. A replay takes four or five round trips: the
+	// refused claim, the rollback with the read of the record, and pgx preparing again
+	// the statements of the batch that failed.
 	ModeClaimWithFirstStatement Mode = iota
 	// ModeClaimFirst claims the key, and waits for the answer, before fn is called:
 	// fn is never called for a key another attempt holds or completed. A first
@@ -133,7 +134,7 @@ type DoOpts struct {
 // fingerprint returns a [*FingerprintMismatchError], and nothing commits either.
 // [DoOpts].Mode says when the claim's answer arrives, and so what such a call costs and
 // whether fn is called at all: in [ModeLookUpFirst] a replay takes one round trip and
-// neither locks nor writes; in the default mode it takes two, and fn's statements do
+// neither locks nor writes; in the default mode it takes four or five, and fn's statements do
 // not run.
 func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (res Result, err error) {
 	ctx, c := l.tel.begin(ctx, "Do", in.Scope)
@@ -325,7 +326,7 @@ func (a *attempt) onRefused(ctx context.Context) (*pipetx.Resume, error) {
 	if err := a.lt.abort(context.WithoutCancel(ctx), a.p); err != nil {
 		return nil, a.decide(Result{}, fmt.Errorf("oncekit/ledger: roll back the refused claim of %s in %s: %w", quoteKey(a.in.Key), a.in.Scope, err))
 	}
-	res, free, err := a.settleRefused(ctx)
+	res, free, err := a.settle(ctx, true)
 	switch free {
 	case notFree:
 		return nil, a.decide(res, err)
@@ -358,26 +359,6 @@ func (a *attempt) onRefused(ctx context.Context) (*pipetx.Resume, error) {
 		return nil, a.decide(Result{}, a.gaveUp(byCtx))
 	}
 	return nil, a.decide(Result{}, fmt.Errorf("oncekit/ledger: wait for %s in %s: %w", quoteKey(a.in.Key), a.in.Scope, err))
-}
-
-// settleRefused is settle after a refused claim. In the ledger's own transaction the
-// default mode's claim read the key's record in its own round trip: a live record then
-// answers without a read, and with none the claim was refused by the key's lock, held
-// by an attempt in flight, which the caller waits for.
-func (a *attempt) settleRefused(ctx context.Context) (Result, freedom, error) {
-	o, ok := a.lt.(*ownTx)
-	if !ok || a.mode != ModeClaimWithFirstStatement {
-		return a.settle(ctx, true)
-	}
-	rec := o.decided()
-	if rec == nil {
-		return Result{}, freeAbsent, nil
-	}
-	if res, free, err := a.l.judge(a.in, rec); free != freeAbsent {
-		return res, free, err
-	}
-	// Pending under a live lease: wait for it, polling.
-	return a.settle(ctx, true)
 }
 
 // execute claims the key as the call's mode says, runs fn and finishes the transaction

@@ -76,9 +76,6 @@ type ownTx struct {
 	l           *Ledger
 	conn        *pgx.Conn
 	rollbackDue bool // a refused claim's healthy transaction, rolled back with the next read
-	// seen is the key's record as the last claim read it (claim_record), nil for none:
-	// a refused claim's answer, with no read of its own.
-	seen *Record
 }
 
 // rollbackFirst is a connection whose next read first rolls back the transaction it is
@@ -133,34 +130,7 @@ func (o *ownTx) claim(in Intent, mode Mode, now *time.Time) *pgx.QueuedQuery {
 	if mode == ModeClaimFirst || mode == ModeLookUpFirst {
 		return pipetx.Queued(o.l.q.claimCheck, o.l.claimArgs(in, now)...)
 	}
-	return pipetx.Queued(o.l.q.claimRecord, o.l.claimArgs(in, now)...)
-}
-
-// readClaim reads the record claim_record returns with its first row.
-func (o *ownTx) readClaim(in Intent) func(pgx.Rows) error {
-	return func(rows pgx.Rows) error {
-		o.seen = nil
-		var found bool
-		var sc recordScan
-		r := &Record{Scope: in.Scope, Key: in.Key}
-		var gate int32
-		if err := rows.Scan(append(append([]any{&found}, sc.dest(r)...), &gate)...); err != nil {
-			return err
-		}
-		if found {
-			sc.finish(r)
-			o.seen = r
-		}
-		return nil
-	}
-}
-
-// decided returns the record the refused claim read, when it is live.
-func (o *ownTx) decided() *Record {
-	if o.seen == nil || o.seen.Expired {
-		return nil
-	}
-	return o.seen
+	return pipetx.Queued(o.l.q.claimLocal, o.l.claimArgs(in, now)...)
 }
 
 func (o *ownTx) begin(in Intent, mode Mode, now *time.Time, onRefused func(context.Context) (*pipetx.Resume, error)) *pipetx.Tx {
@@ -168,9 +138,6 @@ func (o *ownTx) begin(in Intent, mode Mode, now *time.Time, onRefused func(conte
 	if mode != ModeOptimistic {
 		cfg.ClaimAt, cfg.Checked = 0, mode == ModeClaimFirst || mode == ModeLookUpFirst
 		cfg.Prefix = []*pgx.QueuedQuery{o.claim(in, mode, now), pipetx.Queued(savepointFn)}
-	}
-	if mode == ModeClaimWithFirstStatement {
-		cfg.ReadClaim, cfg.Named = o.readClaim(in), true
 	}
 	return pipetx.New(cfg)
 }

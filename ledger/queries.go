@@ -32,9 +32,7 @@ type queries struct {
 	// follows the claim, for records its snapshot cannot see.
 	claimLocal string
 	claimCheck string
-	// claimRecord is claimLocal in the ledger's own transaction, reading the record too.
-	claimRecord string
-	claimProbe  string
+	claimProbe string
 	// A refused claim waits for the key's lock with waitLock, on the node the claim
 	// takes it on.
 	waitLock string
@@ -83,7 +81,6 @@ func newQueries(schema string) queries {
 		lookup:             load("lookup"),
 		claimLocal:         load("claim_local"),
 		claimCheck:         load("claim_check"),
-		claimRecord:        load("claim_record"),
 		claimProbe:         load("claim_probe"),
 		waitLock:           load("wait_lock"),
 		keepLockTimeout:    load("keep_lock_timeout"),
