@@ -202,13 +202,13 @@ func build(root string, files []string, m mutant) (dir, bin string, err error) {
 	apply := exec.Command("patch", "-p1", "--forward", "--batch", "-i", m.file)
 	apply.Dir = dir
 	if out, err := apply.CombinedOutput(); err != nil {
-		return "", "", fmt.Errorf("the patch does not apply: %v\n%s", err, out)
+		return "", "", fmt.Errorf("the patch does not apply: %w\n%s", err, out)
 	}
 	bin = filepath.Join(dir, "mutant.test")
 	gobuild := exec.Command("go", "test", "-c", "-race", "-trimpath", "-o", bin, m.pkg)
 	gobuild.Dir = dir
 	if out, err := gobuild.CombinedOutput(); err != nil {
-		return "", "", fmt.Errorf("build the checker with the patch in: %v\n%s", err, out)
+		return "", "", fmt.Errorf("build the checker with the patch in: %w\n%s", err, out)
 	}
 	return dir, bin, nil
 }
@@ -277,7 +277,7 @@ func runChecker(dir, bin string, m mutant, seed string, d time.Duration) (result
 		if len(tail) > 4000 {
 			tail = tail[len(tail)-4000:]
 		}
-		return res, fmt.Errorf("the checker failed without a broken check: %v\n%s", err, tail)
+		return res, fmt.Errorf("the checker failed without a broken check: %w\n%s", err, tail)
 	}
 	if err == nil && res.caught {
 		return res, fmt.Errorf("the checker reported a broken check and passed")
