@@ -74,6 +74,12 @@ func histDispatcherConfig(ordered bool, batch int, errorFunc func(error)) *outbo
 // [outbox.ErrOrderingKeyDeadlock].
 func TestHistoryOutbox(t *testing.T) {
 	t.Parallel()
+	if pgtest.IsCitus() {
+		// The checker records dispatchers' writes with a trigger whose creation the Citus
+		// coordinator refuses (SQLSTATE 42601); the outbox's tables stay on the
+		// coordinator, whose PostgreSQL make test and make stress check.
+		t.Skip("the outbox's history checker needs its write-recording trigger, which Citus refuses to create")
+	}
 	run := history.Start(t, "./outbox", 25*time.Second)
 	h := newHist(t, run)
 	for _, lane := range h.lanes {
