@@ -224,6 +224,14 @@ func (c *pconn) on() bool { return c.p.enabled.Load() }
 func (c *pconn) fromClient() {
 	defer c.p.wg.Done()
 	defer c.close()
+	// The server reader waits on rawAnswers until the startup is over: it is closed on
+	// every way out, or that reader would wait forever and Close with it.
+	rawOpen := true
+	defer func() {
+		if rawOpen {
+			close(c.rawAnswers)
+		}
+	}()
 	r := bufio.NewReaderSize(c.client, 64<<10)
 	plan := c.p.plan
 	// The startup phase: untyped messages, the last of which is the StartupMessage.
@@ -244,6 +252,7 @@ func (c *pconn) fromClient() {
 		}
 	}
 	close(c.rawAnswers)
+	rawOpen = false
 	// The startup ends in a ReadyForQuery of its own, which the server reader counts.
 	c.mu.Lock()
 	c.syncs = 1
