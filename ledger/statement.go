@@ -275,9 +275,9 @@ func (s *stmtAttempt) run(ctx context.Context) (Result, error) {
 			return Result{}, &BodyTooLargeError{Size: size, Limit: s.l.cfg.MaxBodyBytes}
 		case code != "" && !pgsql.CommitUnknown(err):
 			return Result{}, fmt.Errorf("oncekit/ledger: run the statement of %s in %s: %w", quoteKey(s.in.Key), s.in.Scope, err)
-		case pgconn.SafeToRetry(err):
-			return Result{}, fmt.Errorf("oncekit/ledger: send the statement of %s in %s: %w", quoteKey(s.in.Key), s.in.Scope, err)
 		default:
+			// Sent: pgx may call an error safe to retry ("conn closed") for a statement
+			// whose answer was lost after it committed, so none is taken for unsent.
 			return Result{}, &OutcomeUnknownError{Scope: s.in.Scope, Key: s.in.Key, Err: err}
 		}
 		if rec != nil && !rec.Expired {
