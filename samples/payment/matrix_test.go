@@ -26,6 +26,7 @@ import (
 // provider's call unrecorded), after the commit with the completion lost, and with the
 // provider's answer lost. Each order's effects exist exactly once.
 func TestCrashPointMatrix(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	env, err := devenv.Start(ctx, &devenv.Config{NoTemporal: true})
 	require.NoError(t, err)
