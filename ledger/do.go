@@ -68,9 +68,9 @@ const (
 	// key, or in progress past the wait), the statement and every later one return an
 	// error without running, and the call returns the record's answer whatever fn
 	// returns. So fn must act through tx: anything it does before its first statement
-	// happens even for a call that replays. A replay takes four or five round trips: the
-	// refused claim, the rollback with the read of the record, and pgx preparing again
-	// the statements of the batch that failed.
+	// happens even for a call that replays. A replay takes two round trips: the refused
+	// claim, then the rollback with the read of the record (on connections in pgx's
+	// default QueryExecModeCacheStatement, whose statements the ledger prepares by name).
 	ModeClaimWithFirstStatement Mode = iota
 	// ModeClaimFirst claims the key, and waits for the answer, before fn is called:
 	// fn is never called for a key another attempt holds or completed. A first
@@ -134,7 +134,7 @@ type DoOpts struct {
 // fingerprint returns a [*FingerprintMismatchError], and nothing commits either.
 // [DoOpts].Mode says when the claim's answer arrives, and so what such a call costs and
 // whether fn is called at all: in [ModeLookUpFirst] a replay takes one round trip and
-// neither locks nor writes; in the default mode it takes four or five, and fn's statements do
+// neither locks nor writes; in the default mode it takes two, and fn's statements do
 // not run.
 func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (res Result, err error) {
 	ctx, c := l.tel.begin(ctx, "Do", in.Scope)

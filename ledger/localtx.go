@@ -139,6 +139,14 @@ func (o *ownTx) begin(in Intent, mode Mode, now *time.Time, onRefused func(conte
 		cfg.ClaimAt, cfg.Checked = 0, mode == ModeClaimFirst || mode == ModeLookUpFirst
 		cfg.Prefix = []*pgx.QueuedQuery{o.claim(in, mode, now), pipetx.Queued(savepointFn)}
 	}
+	if mode == ModeClaimWithFirstStatement {
+		// A refused claim fails its batch: pgx would forget the batch's cached
+		// statements, then deallocate and prepare them again on the next call (two round
+		// trips). Statements prepared by name stay, and the rollback and the read of the
+		// record that answers the call, prepared with them, travel together after the
+		// refusal although the transaction is aborted: a replay takes two round trips.
+		cfg.Named, cfg.AlsoNamed = true, []string{"ROLLBACK", o.l.q.lookup}
+	}
 	return pipetx.New(cfg)
 }
 
@@ -156,7 +164,7 @@ func (o *ownTx) abort(ctx context.Context, p *pipetx.Tx) error {
 	}
 	ctx, cancel := pgsql.Cleanup(ctx)
 	defer cancel()
-	if p != nil && p.Refused() && p.Checked() && o.conn.PgConn().TxStatus() == 'T' {
+	if p != nil && p.Refused() && o.rollbackTravels(p) {
 		// The record decides next, so the rollback waits to travel with its lookup.
 		o.rollbackDue = true
 		return nil
@@ -165,6 +173,20 @@ func (o *ownTx) abort(ctx context.Context, p *pipetx.Tx) error {
 	// transaction accepts.
 	_, err := o.conn.Exec(ctx, "ROLLBACK")
 	return err
+}
+
+// rollbackTravels reports whether the rollback of p's refused claim may travel in one
+// batch with the read that follows it: in a healthy transaction (a claim that answered
+// false), or in an aborted one when both went on statements prepared by name, which
+// PostgreSQL runs there without parsing them.
+func (o *ownTx) rollbackTravels(p *pipetx.Tx) bool {
+	switch o.conn.PgConn().TxStatus() {
+	case 'T':
+		return p.Checked()
+	case 'E':
+		return p.Named()
+	}
+	return false
 }
 
 func (o *ownTx) hold(ctx context.Context, in Intent, mode Mode, now *time.Time, d time.Duration) (*pipetx.Resume, error) {

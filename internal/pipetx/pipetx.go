@@ -46,14 +46,14 @@ type Config struct {
 	OnRefused func(ctx context.Context) (*Resume, error)
 	// Managed is what Commit and Rollback return: the owner ends the transaction.
 	Managed error
-	// ReadClaim, when set, reads the first row the claim returns (a claim that returns
-	// rows and refuses by failing after its first), before the claim's failure is known.
-	ReadClaim func(pgx.Rows) error
 	// Named sends the batch that carries the prefix on statements prepared by name
 	// (see [PrepareNamed]) where the connection prepares statements anyway
 	// (pgx.QueryExecModeCacheStatement): pgx forgets, then deallocates and prepares
 	// again, every cached statement of a batch that failed, which a refused claim's does.
 	Named bool
+	// AlsoNamed are statements prepared by name with the batch's, when Named: what the
+	// owner sends after a refusal, which an aborted transaction would refuse to prepare.
+	AlsoNamed []string
 	// Guard keeps the first statements from failing before they run in the modes of
 	// pgx that prepare or describe a batch first: a statement PostgreSQL cannot parse
 	// (an unknown table) would otherwise be refused before the prefix runs, leaving a
@@ -94,6 +94,7 @@ type Tx struct {
 	tx      pgx.Tx             // the transaction, once begun
 	refused bool               // the claim was refused and nothing took the key
 	err     error              // why nothing more may be sent
+	named   bool               // the prefix's batch went on statements prepared by name
 	eqb     pgx.ExtendedQueryBuilder
 }
 
@@ -214,13 +215,7 @@ func (p *Tx) sendPrefixed(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, 
 			}
 			continue
 		}
-		var err error
-		if i == claim && p.cfg.ReadClaim != nil {
-			err = readClaim(br, p.cfg.ReadClaim)
-		} else {
-			_, err = br.Exec()
-		}
-		if err != nil {
+		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			if i == claim && pgsql.Code(err) == pgsql.DivisionByZero {
 				p.refused = true
@@ -234,26 +229,6 @@ func (p *Tx) sendPrefixed(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, 
 		}
 	}
 	return br, nil
-}
-
-// readClaim reads the claim's rows, handing the first to read, and returns the
-// claim's error.
-func readClaim(br pgx.BatchResults, read func(pgx.Rows) error) error {
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	var rerr error
-	if rows.Next() {
-		rerr = read(rows)
-	}
-	for rows.Next() {
-	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	return rerr
 }
 
 // prepareNamed prepares the statements of b by name on the connection, where it
@@ -277,8 +252,18 @@ func (p *Tx) prepareNamed(ctx context.Context, b *pgx.Batch) error {
 			return err
 		}
 	}
+	for _, sql := range p.cfg.AlsoNamed {
+		if _, err := PrepareNamed(ctx, conn, sql); err != nil {
+			return err
+		}
+	}
+	p.named = true
 	return nil
 }
+
+// Named reports whether the batch that carried the prefix went on statements prepared
+// by name, Config.AlsoNamed's with them.
+func (p *Tx) Named() bool { return p.named }
 
 // Flush sends the prefix alone, for an operation that cannot travel in a batch.
 func (p *Tx) Flush(ctx context.Context) error {
