@@ -29,12 +29,12 @@
 //
 // An agent that polls for work claims a task with [Guard.ClaimTask]: a ledger record of
 // its own, owned with a lease and an owner token, renewed by [Task.Heartbeat] and by
-// every tool call, and ended by [Task.Finish]. A tool call renews the claim in the
-// transaction that claims the call, so a stale owner, whose task another agent took
-// over, is refused with a [*StaleOwnerError] before its tool runs. The agent that takes a
-// dead agent's task over uses the same step keys, and the dead agent's completed calls
-// replay. An agent whose runtime owns the task, such as a Temporal workflow, uses
-// [Guard.Task], whose calls are guarded and not fenced.
+// every tool call, and ended by [Task.Finish], which its owner may retry. A tool call
+// renews the claim in the transaction that claims the call, so a stale owner, whose
+// task another agent took over, is refused with a [*StaleOwnerError] before its tool
+// runs. The agent that takes a dead agent's task over uses the same step keys, and the
+// dead agent's completed calls replay. An agent whose runtime owns the task, such as a
+// Temporal workflow, uses [Guard.Task], whose calls are guarded and not fenced.
 //
 // # Approvals
 //

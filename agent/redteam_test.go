@@ -989,7 +989,6 @@ func TestRedteamRandomDeadlines(t *testing.T) {
 // answer's error advises ("call again ... which replays the result if it committed").
 // Nobody else took the task over, so the retry must not say another agent owns it.
 func TestRedteamFinishRetry(t *testing.T) {
-	t.Skip("a known defect, not fixed yet: Finish retried after its commit's answer was lost hears the stale-owner error although its first Finish committed")
 	env := rtSetup(t, nil)
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
