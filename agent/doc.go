@@ -22,8 +22,10 @@
 // header, and a call whose answer was lost is made again with that key. A tool without
 // one, such as SMTP, is never repeated: the call is reported with an [*UncertainError],
 // to the model and, as a warning, to the operator, who settles it with
-// [Guard.Resolve]. [Task.CallTx] runs a tool that writes only to the database inside
-// the transaction that records the call, so both commit or neither.
+// [Guard.Resolve]. So is a call whose tool acted and whose output is over the ledger's
+// body limit: nothing can be stored, and the [*UncertainError] wraps the
+// ledger.BodyTooLargeError. [Task.CallTx] runs a tool that writes only to the database
+// inside the transaction that records the call, so both commit or neither.
 //
 // # Tasks
 //

@@ -347,7 +347,8 @@ func (g *Guard) changed(ctx context.Context, c *call) error {
 //
 // A call whose earlier attempt died or lost its answer is made again with the same
 // [Invocation].DownstreamKey when the tool accepts a key; otherwise it is reported with
-// an [*UncertainError] and fn does not run.
+// an [*UncertainError] and fn does not run. An output over the ledger's body limit
+// cannot be stored, and counts as an answer that was lost.
 func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMessage, fn ToolFunc, opts *CallOpts) (Result, error) {
 	g := t.g
 	if fn == nil {
@@ -396,17 +397,25 @@ func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMe
 			out, callErr = nil, faultpoint.ErrLostAnswer
 		}
 	}
-	var derr *ledger.DefinitiveError
-	var na *NotAppliedError
-	switch {
-	case callErr == nil:
+	if callErr == nil {
 		if len(out) == 0 {
 			out = json.RawMessage("null")
 		}
-		if _, err := g.l.Complete(rctx, lease, ledger.Response{Body: out}); err != nil {
+		_, err := g.l.Complete(rctx, lease, ledger.Response{Body: out})
+		switch {
+		case err == nil:
+			return Result{Call: c.ref, Output: out}, nil
+		case errors.Is(err, ledger.ErrBodyTooLarge):
+			// The tool acted and its output cannot be stored: as with an answer that was
+			// lost, the call is recorded as one that may have happened.
+			callErr = fmt.Errorf("oncekit/agent: the tool acted and its output is over the ledger's body limit: %w", err)
+		default:
 			return Result{Call: c.ref}, err
 		}
-		return Result{Call: c.ref, Output: out}, nil
+	}
+	var derr *ledger.DefinitiveError
+	var na *NotAppliedError
+	switch {
 	case errors.As(callErr, &derr):
 		if err := g.l.Fail(rctx, lease, derr); err != nil {
 			return Result{Call: c.ref}, errors.Join(callErr, err)
@@ -431,8 +440,18 @@ func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMe
 func (g *Guard) uncertain(ctx context.Context, c *call, attempt int, err error) error {
 	g.log.LogAttrs(ctx, slog.LevelWarn, "oncekit: a tool call may have happened and is not repeated; settle it with Guard.Resolve",
 		slog.String(ledger.AttrTenant, c.ref.Tenant), slog.String("oncekit.task", c.ref.Task),
-		slog.String("oncekit.step", c.ref.Step), slog.String("oncekit.tool", c.ref.Tool), slog.Int("oncekit.attempt", attempt))
+		slog.String("oncekit.step", c.ref.Step), slog.String("oncekit.tool", c.ref.Tool), slog.Int("oncekit.attempt", attempt),
+		slog.String("oncekit.reason", reason(err)))
 	return &UncertainError{Call: c.ref, Attempt: attempt, Err: err}
+}
+
+// reason is the error a call met, shortened for a log, or what an attempt that met
+// none says: an earlier attempt made the call.
+func reason(err error) string {
+	if err == nil {
+		return "an earlier attempt made the call and recorded no outcome"
+	}
+	return clip([]byte(err.Error()))
 }
 
 func callOpts(opts *CallOpts) CallOpts {

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,4 +74,51 @@ func TestTask_FinishRetryAfterLostAnswer(t *testing.T) {
 	require.NoError(t, taker.Finish(ctx, nil))
 	require.NoError(t, taker.Finish(ctx, nil))
 	require.ErrorIs(t, old.Finish(ctx, nil), agent.ErrStaleOwner)
+}
+
+// A tool acted and its output is over the ledger's body limit: the call is recorded as
+// one that may have happened. A tool without a key is reported uncertain, now and on
+// every retry, and does not start again until an operator settles it; one with a key is
+// made again with the same downstream key.
+func TestCall_OutputOverTheLimit(t *testing.T) {
+	t.Parallel()
+	g, b := setup(t, nil)
+	ctx := context.Background()
+	task := g.Task("acme", "ticket-big")
+	var invs []agent.Invocation
+	big := func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
+		invs = append(invs, inv)
+		return json.RawMessage(`{"v":"` + strings.Repeat("a", ledger.MaxBodyDefault) + `"}`), nil
+	}
+
+	t.Run("Plain", func(t *testing.T) {
+		invs = nil
+		_, err := task.Call(ctx, "1", smtpSend, nil, big, nil)
+		var unc *agent.UncertainError
+		require.ErrorAs(t, err, &unc)
+		require.ErrorIs(t, err, ledger.ErrBodyTooLarge, "the reason goes with the report")
+		for _, lapse := range []time.Duration{0, time.Hour} {
+			b.clock.Advance(lapse)
+			_, err = task.Call(ctx, "1", smtpSend, nil, big, nil)
+			require.ErrorIs(t, err, agent.ErrUncertain)
+		}
+		require.Len(t, invs, 1)
+		require.NoError(t, g.Resolve(ctx, unc.Call, true, json.RawMessage(`{"ref":"stored elsewhere"}`)))
+		res, err := task.Call(ctx, "1", smtpSend, nil, big, nil)
+		require.NoError(t, err)
+		require.True(t, res.Replayed)
+		require.JSONEq(t, `{"ref":"stored elsewhere"}`, string(res.Output))
+		require.Len(t, invs, 1)
+	})
+	t.Run("Keyed", func(t *testing.T) {
+		invs = nil
+		_, err := task.Call(ctx, "2", emailAPI, nil, big, nil)
+		require.ErrorIs(t, err, ledger.ErrBodyTooLarge)
+		require.NotErrorIs(t, err, agent.ErrUncertain)
+		_, err = task.Call(ctx, "2", emailAPI, nil, big, nil)
+		require.ErrorIs(t, err, ledger.ErrBodyTooLarge)
+		require.Len(t, invs, 2)
+		require.True(t, invs[1].Redrive)
+		require.Equal(t, invs[0].DownstreamKey, invs[1].DownstreamKey)
+	})
 }
