@@ -24,8 +24,11 @@
 // to the model and, as a warning, to the operator, who settles it with
 // [Guard.Resolve]. So is a call whose tool acted and whose output is over the ledger's
 // body limit: nothing can be stored, and the [*UncertainError] wraps the
-// ledger.BodyTooLargeError. [Task.CallTx] runs a tool that writes only to the database
-// inside the transaction that records the call, so both commit or neither.
+// ledger.BodyTooLargeError. A call whose claim's commit went unanswered returns an
+// error that wraps a ledger.OutcomeUnknownError, and its tool has not started; a retry
+// in the same process resumes the claim and runs the tool once. [Task.CallTx] runs a
+// tool that writes only to the database inside the transaction that records the call,
+// so both commit or neither.
 //
 // # Tasks
 //

@@ -79,6 +79,7 @@ type Guard struct {
 	cfg  Config
 	q    queries
 	log  *slog.Logger
+	lost lostClaims
 }
 
 // errNilFunc is the error of a call given no tool function.
@@ -348,7 +349,9 @@ func (g *Guard) changed(ctx context.Context, c *call) error {
 // A call whose earlier attempt died or lost its answer is made again with the same
 // [Invocation].DownstreamKey when the tool accepts a key; otherwise it is reported with
 // an [*UncertainError] and fn does not run. An output over the ledger's body limit
-// cannot be stored, and counts as an answer that was lost.
+// cannot be stored, and counts as an answer that was lost. When the claim's commit goes
+// unanswered, Call returns an error that wraps a ledger.OutcomeUnknownError before fn
+// starts; a retry in the same process resumes the claim.
 func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMessage, fn ToolFunc, opts *CallOpts) (Result, error) {
 	g := t.g
 	if fn == nil {
@@ -489,7 +492,7 @@ func (g *Guard) claim(ctx context.Context, t *Task, c *call, o CallOpts) (ledger
 	}
 }
 
-func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (ledger.ClaimResult, error) {
+func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (_ ledger.ClaimResult, err error) {
 	tx, err := g.pool.Begin(ctx)
 	if err != nil {
 		return ledger.ClaimResult{}, err
@@ -498,13 +501,41 @@ func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (ledger.ClaimRe
 	if err := t.fence(ctx, tx); err != nil {
 		return ledger.ClaimResult{}, err
 	}
-	claim, err := g.l.ClaimTx(ctx, tx, c.in, &ledger.ClaimOpts{Lease: g.cfg.CallLease, Wait: ledger.NoWait})
-	if errors.Is(err, ledger.ErrFingerprintMismatch) {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return ledger.ClaimResult{}, g.changed(ctx, c)
+	var claim ledger.ClaimResult
+	frozen := false
+	if lost := g.lost.take(c); lost != nil {
+		defer func() {
+			if lost != nil && err != nil && !errors.Is(err, ledger.ErrOutcomeUnknown) {
+				// Nothing committed: the lost claim is as it was, for the next retry.
+				g.lost.put(c, lost)
+			}
+		}()
+		// The server may still be committing the lost claim. Its transaction froze the
+		// call too, so freezing first waits for that transaction's row lock, and the
+		// record read next is as that transaction left it.
+		if err := g.freeze(ctx, tx, c); err != nil {
+			return ledger.ClaimResult{}, err
+		}
+		frozen = true
+		resumed, err := g.resume(ctx, tx, lost)
+		if err != nil {
+			return ledger.ClaimResult{}, err
+		}
+		if resumed {
+			claim = ledger.ClaimResult{Lease: lost, Result: ledger.Result{Attempts: lost.Attempt}}
+		} else {
+			lost = nil
+		}
 	}
-	if err != nil {
-		return claim, err
+	if claim.Lease == nil {
+		claim, err = g.l.ClaimTx(ctx, tx, c.in, &ledger.ClaimOpts{Lease: g.cfg.CallLease, Wait: ledger.NoWait})
+		if errors.Is(err, ledger.ErrFingerprintMismatch) {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return ledger.ClaimResult{}, g.changed(ctx, c)
+		}
+		if err != nil {
+			return claim, err
+		}
 	}
 	if claim.Lease == nil {
 		// A replay: commit the fence's renewal of the task's claim, if any.
@@ -515,10 +546,19 @@ func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (ledger.ClaimRe
 		}
 		return claim, nil
 	}
-	if err := g.freeze(ctx, tx, c); err != nil {
-		return ledger.ClaimResult{}, err
+	if !frozen {
+		if err := g.freeze(ctx, tx, c); err != nil {
+			return ledger.ClaimResult{}, err
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if pgsql.CommitUnknown(err) {
+			// The claim may have committed, and the tool has not started: a retry in this
+			// process resumes the claim and runs the tool, rather than take the claim
+			// over as an attempt that may have acted.
+			g.lost.put(c, claim.Lease)
+			err = &ledger.OutcomeUnknownError{Scope: c.in.Scope, Key: c.in.Key, Token: claim.Lease.Token, Err: err}
+		}
 		return ledger.ClaimResult{}, fmt.Errorf("oncekit/agent: commit the claim of %s: %w", c.ref, err)
 	}
 	return claim, nil
