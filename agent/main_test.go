@@ -44,12 +44,21 @@ type bundle struct {
 	schema string
 	clock  *stubClock
 	l      *ledger.Ledger
+	// lcfg configures the ledgers of the bundle's guards, but for their schema and clock.
+	lcfg ledger.Config
 }
 
 // setup migrates oncekit's tables into a fresh schema with an "effects" table that
 // stands for what tools do, and returns a guard whose ledger and approvals share a
 // stubbed clock.
 func setup(t testing.TB, cfg *agent.Config) (*agent.Guard, *bundle) {
+	t.Helper()
+	return setupLedger(t, nil, cfg)
+}
+
+// setupLedger is setup with the guard's ledger configured by lcfg, but for its schema
+// and clock.
+func setupLedger(t testing.TB, lcfg *ledger.Config, cfg *agent.Config) (*agent.Guard, *bundle) {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
@@ -60,6 +69,9 @@ func setup(t testing.TB, cfg *agent.Config) (*agent.Guard, *bundle) {
 	var dbNow time.Time
 	require.NoError(t, pool.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
 	b := &bundle{pool: pool, schema: schema, clock: &stubClock{now: dbNow}}
+	if lcfg != nil {
+		b.lcfg = *lcfg
+	}
 	var g *agent.Guard
 	g, b.l = b.guard(t, pool, cfg)
 	return g, b
@@ -68,7 +80,9 @@ func setup(t testing.TB, cfg *agent.Config) (*agent.Guard, *bundle) {
 // guard returns a guard on pool, on the bundle's schema and clock.
 func (b *bundle) guard(t testing.TB, pool *pgxpool.Pool, cfg *agent.Config) (*agent.Guard, *ledger.Ledger) {
 	t.Helper()
-	l, err := ledger.New(pool, &ledger.Config{Schema: b.schema, Test: ledger.TestConfig{NowFunc: b.clock.Now}})
+	lc := b.lcfg
+	lc.Schema, lc.Test.NowFunc = b.schema, b.clock.Now
+	l, err := ledger.New(pool, &lc)
 	require.NoError(t, err)
 	c := agent.Config{}
 	if cfg != nil {
