@@ -282,6 +282,33 @@ func (g *Guard) prepare(t *Task, step string, tool Tool, args json.RawMessage) (
 	return c, nil
 }
 
+// open prepares a call of t at step and, when the tool needs approval, lets it through
+// the gate. It returns a nil call when noFunc is set or the call is malformed, and the
+// call with the gate's error when the gate refuses it.
+func (g *Guard) open(ctx context.Context, t *Task, step string, tool Tool, args json.RawMessage, noFunc bool) (*call, error) {
+	if noFunc {
+		return nil, errNilFunc
+	}
+	c, err := g.prepare(t, step, tool, args)
+	if err != nil {
+		return nil, err
+	}
+	if tool.NeedsApproval {
+		if err := g.gate(ctx, t, c); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// result is the result of a call that did not run: empty, or naming the call.
+func (c *call) result() Result {
+	if c == nil {
+		return Result{}
+	}
+	return Result{Call: c.ref}
+}
+
 func (g *Guard) unguarded(tool Tool) bool {
 	// A call that needs a person's approval is frozen for it whatever the tool says.
 	return g.cfg.TrustHints && tool.Hints.ReadOnly && !tool.Hints.Destructive && !tool.NeedsApproval
@@ -354,24 +381,15 @@ func (g *Guard) changed(ctx context.Context, c *call) error {
 // starts; a retry in the same process resumes the claim.
 func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMessage, fn ToolFunc, opts *CallOpts) (Result, error) {
 	g := t.g
-	if fn == nil {
-		return Result{}, errNilFunc
-	}
-	c, err := g.prepare(t, step, tool, args)
+	c, err := g.open(ctx, t, step, tool, args, fn == nil)
 	if err != nil {
-		return Result{}, err
+		return c.result(), err
 	}
 	if g.unguarded(tool) {
 		out, err := fn(ctx, c.inv)
 		return Result{Call: c.ref, Output: out, Unguarded: true}, err
 	}
-	o := callOpts(opts)
-	if tool.NeedsApproval {
-		if err := g.gate(ctx, t, c); err != nil {
-			return Result{Call: c.ref}, err
-		}
-	}
-	claim, err := g.claim(ctx, t, c, o)
+	claim, err := g.claim(ctx, t, c, callOpts(opts))
 	if err != nil {
 		return Result{Call: c.ref}, err
 	}
@@ -570,17 +588,9 @@ func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (_ ledger.Claim
 // arguments and stale owners are as in [Task.Call].
 func (t *Task) CallTx(ctx context.Context, step string, tool Tool, args json.RawMessage, fn LocalFunc, opts *CallOpts) (Result, error) {
 	g := t.g
-	if fn == nil {
-		return Result{}, errNilFunc
-	}
-	c, err := g.prepare(t, step, tool, args)
+	c, err := g.open(ctx, t, step, tool, args, fn == nil)
 	if err != nil {
-		return Result{}, err
-	}
-	if tool.NeedsApproval {
-		if err := g.gate(ctx, t, c); err != nil {
-			return Result{Call: c.ref}, err
-		}
+		return c.result(), err
 	}
 	o := callOpts(opts)
 	tx, err := g.pool.Begin(ctx)
