@@ -22,19 +22,24 @@
 // header, and a call whose answer was lost is made again with that key. A tool without
 // one, such as SMTP, is never repeated: the call is reported with an [*UncertainError],
 // to the model and, as a warning, to the operator, who settles it with
-// [Guard.Resolve]. [Task.CallTx] runs a tool that writes only to the database inside
-// the transaction that records the call, so both commit or neither.
+// [Guard.Resolve]. So is a call whose tool acted and whose output is over the ledger's
+// body limit: nothing can be stored, and the [*UncertainError] wraps the
+// ledger.BodyTooLargeError. A call whose claim's commit went unanswered returns an
+// error that wraps a ledger.OutcomeUnknownError, and its tool has not started; a retry
+// in the same process resumes the claim and runs the tool once. [Task.CallTx] runs a
+// tool that writes only to the database inside the transaction that records the call,
+// so both commit or neither.
 //
 // # Tasks
 //
 // An agent that polls for work claims a task with [Guard.ClaimTask]: a ledger record of
 // its own, owned with a lease and an owner token, renewed by [Task.Heartbeat] and by
-// every tool call, and ended by [Task.Finish]. A tool call renews the claim in the
-// transaction that claims the call, so a stale owner, whose task another agent took
-// over, is refused with a [*StaleOwnerError] before its tool runs. The agent that takes a
-// dead agent's task over uses the same step keys, and the dead agent's completed calls
-// replay. An agent whose runtime owns the task, such as a Temporal workflow, uses
-// [Guard.Task], whose calls are guarded and not fenced.
+// every tool call, and ended by [Task.Finish], which its owner may retry. A tool call
+// renews the claim in the transaction that claims the call, so a stale owner, whose
+// task another agent took over, is refused with a [*StaleOwnerError] before its tool
+// runs. The agent that takes a dead agent's task over uses the same step keys, and the
+// dead agent's completed calls replay. An agent whose runtime owns the task, such as a
+// Temporal workflow, uses [Guard.Task], whose calls are guarded and not fenced.
 //
 // # Approvals
 //

@@ -14,9 +14,9 @@ var (
 	// ErrArgumentsChanged: the call's place in the task was used before with other
 	// arguments (the model changed its mind on a retry). The tool did not run.
 	ErrArgumentsChanged = errors.New("oncekit/agent: the tool call was made before with other arguments")
-	// ErrUncertain: an earlier attempt made the call and its answer was lost, and the
-	// tool's provider takes no idempotency key: it may have acted. The tool did not run
-	// again.
+	// ErrUncertain: the call may have acted and its outcome is not recorded (its answer
+	// was lost, its agent died, or its output was over the ledger's body limit), and the
+	// tool's provider takes no idempotency key. The tool is not run again.
 	ErrUncertain = errors.New("oncekit/agent: the tool call may have happened and cannot be repeated safely")
 	// ErrStaleOwner: the task's claim passed to another owner; this owner must stop.
 	ErrStaleOwner = errors.New("oncekit/agent: the task is owned by another agent")
@@ -62,16 +62,17 @@ func (e *ArgumentsChangedError) Error() string {
 // Is matches [ErrArgumentsChanged].
 func (e *ArgumentsChangedError) Is(target error) bool { return target == ErrArgumentsChanged }
 
-// UncertainError reports a call whose earlier attempt may have acted: its answer was
-// lost (or the agent died) before the outcome was recorded, and the tool takes no
-// downstream key, so repeating it could act twice. The tool did not run again. An
-// operator settles the call with [Guard.Resolve].
+// UncertainError reports a call that may have acted without its outcome being recorded:
+// its answer was lost, its agent died, or its output was over the ledger's body limit.
+// The tool takes no downstream key, so repeating it could act twice: the tool is not run
+// again. An operator settles the call with [Guard.Resolve].
 type UncertainError struct {
 	Call CallRef
 	// Attempt counts the attempts that claimed the call, this one included.
 	Attempt int
-	// Err is the error the call met, when this attempt made it; nil when an earlier
-	// attempt did.
+	// Err is the error the call met when this attempt made it, such as a
+	// ledger.BodyTooLargeError for an output over the limit; nil when an earlier
+	// attempt made it.
 	Err error
 }
 

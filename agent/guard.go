@@ -79,6 +79,7 @@ type Guard struct {
 	cfg  Config
 	q    queries
 	log  *slog.Logger
+	lost lostClaims
 }
 
 // errNilFunc is the error of a call given no tool function.
@@ -281,6 +282,33 @@ func (g *Guard) prepare(t *Task, step string, tool Tool, args json.RawMessage) (
 	return c, nil
 }
 
+// open prepares a call of t at step and, when the tool needs approval, lets it through
+// the gate. It returns a nil call when noFunc is set or the call is malformed, and the
+// call with the gate's error when the gate refuses it.
+func (g *Guard) open(ctx context.Context, t *Task, step string, tool Tool, args json.RawMessage, noFunc bool) (*call, error) {
+	if noFunc {
+		return nil, errNilFunc
+	}
+	c, err := g.prepare(t, step, tool, args)
+	if err != nil {
+		return nil, err
+	}
+	if tool.NeedsApproval {
+		if err := g.gate(ctx, t, c); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// result is the result of a call that did not run: empty, or naming the call.
+func (c *call) result() Result {
+	if c == nil {
+		return Result{}
+	}
+	return Result{Call: c.ref}
+}
+
 func (g *Guard) unguarded(tool Tool) bool {
 	// A call that needs a person's approval is frozen for it whatever the tool says.
 	return g.cfg.TrustHints && tool.Hints.ReadOnly && !tool.Hints.Destructive && !tool.NeedsApproval
@@ -347,27 +375,21 @@ func (g *Guard) changed(ctx context.Context, c *call) error {
 //
 // A call whose earlier attempt died or lost its answer is made again with the same
 // [Invocation].DownstreamKey when the tool accepts a key; otherwise it is reported with
-// an [*UncertainError] and fn does not run.
+// an [*UncertainError] and fn does not run. An output over the ledger's body limit
+// cannot be stored, and counts as an answer that was lost. When the claim's commit goes
+// unanswered, Call returns an error that wraps a ledger.OutcomeUnknownError before fn
+// starts; a retry in the same process resumes the claim.
 func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMessage, fn ToolFunc, opts *CallOpts) (Result, error) {
 	g := t.g
-	if fn == nil {
-		return Result{}, errNilFunc
-	}
-	c, err := g.prepare(t, step, tool, args)
+	c, err := g.open(ctx, t, step, tool, args, fn == nil)
 	if err != nil {
-		return Result{}, err
+		return c.result(), err
 	}
 	if g.unguarded(tool) {
 		out, err := fn(ctx, c.inv)
 		return Result{Call: c.ref, Output: out, Unguarded: true}, err
 	}
-	o := callOpts(opts)
-	if tool.NeedsApproval {
-		if err := g.gate(ctx, t, c); err != nil {
-			return Result{Call: c.ref}, err
-		}
-	}
-	claim, err := g.claim(ctx, t, c, o)
+	claim, err := g.claim(ctx, t, c, callOpts(opts))
 	if err != nil {
 		return Result{Call: c.ref}, err
 	}
@@ -396,17 +418,25 @@ func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMe
 			out, callErr = nil, faultpoint.ErrLostAnswer
 		}
 	}
-	var derr *ledger.DefinitiveError
-	var na *NotAppliedError
-	switch {
-	case callErr == nil:
+	if callErr == nil {
 		if len(out) == 0 {
 			out = json.RawMessage("null")
 		}
-		if _, err := g.l.Complete(rctx, lease, ledger.Response{Body: out}); err != nil {
+		_, err := g.l.Complete(rctx, lease, ledger.Response{Body: out})
+		switch {
+		case err == nil:
+			return Result{Call: c.ref, Output: out}, nil
+		case errors.Is(err, ledger.ErrBodyTooLarge):
+			// The tool acted and its output cannot be stored: as with an answer that was
+			// lost, the call is recorded as one that may have happened.
+			callErr = fmt.Errorf("oncekit/agent: the tool acted and its output is over the ledger's body limit: %w", err)
+		default:
 			return Result{Call: c.ref}, err
 		}
-		return Result{Call: c.ref, Output: out}, nil
+	}
+	var derr *ledger.DefinitiveError
+	var na *NotAppliedError
+	switch {
 	case errors.As(callErr, &derr):
 		if err := g.l.Fail(rctx, lease, derr); err != nil {
 			return Result{Call: c.ref}, errors.Join(callErr, err)
@@ -431,8 +461,18 @@ func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMe
 func (g *Guard) uncertain(ctx context.Context, c *call, attempt int, err error) error {
 	g.log.LogAttrs(ctx, slog.LevelWarn, "oncekit: a tool call may have happened and is not repeated; settle it with Guard.Resolve",
 		slog.String(ledger.AttrTenant, c.ref.Tenant), slog.String("oncekit.task", c.ref.Task),
-		slog.String("oncekit.step", c.ref.Step), slog.String("oncekit.tool", c.ref.Tool), slog.Int("oncekit.attempt", attempt))
+		slog.String("oncekit.step", c.ref.Step), slog.String("oncekit.tool", c.ref.Tool), slog.Int("oncekit.attempt", attempt),
+		slog.String("oncekit.reason", reason(err)))
 	return &UncertainError{Call: c.ref, Attempt: attempt, Err: err}
+}
+
+// reason is the error a call met, shortened for a log, or what an attempt that met
+// none says: an earlier attempt made the call.
+func reason(err error) string {
+	if err == nil {
+		return "an earlier attempt made the call and recorded no outcome"
+	}
+	return clip([]byte(err.Error()))
 }
 
 func callOpts(opts *CallOpts) CallOpts {
@@ -470,7 +510,7 @@ func (g *Guard) claim(ctx context.Context, t *Task, c *call, o CallOpts) (ledger
 	}
 }
 
-func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (ledger.ClaimResult, error) {
+func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (_ ledger.ClaimResult, err error) {
 	tx, err := g.pool.Begin(ctx)
 	if err != nil {
 		return ledger.ClaimResult{}, err
@@ -479,13 +519,41 @@ func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (ledger.ClaimRe
 	if err := t.fence(ctx, tx); err != nil {
 		return ledger.ClaimResult{}, err
 	}
-	claim, err := g.l.ClaimTx(ctx, tx, c.in, &ledger.ClaimOpts{Lease: g.cfg.CallLease, Wait: ledger.NoWait})
-	if errors.Is(err, ledger.ErrFingerprintMismatch) {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return ledger.ClaimResult{}, g.changed(ctx, c)
+	var claim ledger.ClaimResult
+	frozen := false
+	if lost := g.lost.take(c); lost != nil {
+		defer func() {
+			if lost != nil && err != nil && !errors.Is(err, ledger.ErrOutcomeUnknown) {
+				// Nothing committed: the lost claim is as it was, for the next retry.
+				g.lost.put(c, lost)
+			}
+		}()
+		// The server may still be committing the lost claim. Its transaction froze the
+		// call too, so freezing first waits for that transaction's row lock, and the
+		// record read next is as that transaction left it.
+		if err := g.freeze(ctx, tx, c); err != nil {
+			return ledger.ClaimResult{}, err
+		}
+		frozen = true
+		resumed, err := g.resume(ctx, tx, lost)
+		if err != nil {
+			return ledger.ClaimResult{}, err
+		}
+		if resumed {
+			claim = ledger.ClaimResult{Lease: lost, Result: ledger.Result{Attempts: lost.Attempt}}
+		} else {
+			lost = nil
+		}
 	}
-	if err != nil {
-		return claim, err
+	if claim.Lease == nil {
+		claim, err = g.l.ClaimTx(ctx, tx, c.in, &ledger.ClaimOpts{Lease: g.cfg.CallLease, Wait: ledger.NoWait})
+		if errors.Is(err, ledger.ErrFingerprintMismatch) {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return ledger.ClaimResult{}, g.changed(ctx, c)
+		}
+		if err != nil {
+			return claim, err
+		}
 	}
 	if claim.Lease == nil {
 		// A replay: commit the fence's renewal of the task's claim, if any.
@@ -496,10 +564,19 @@ func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (ledger.ClaimRe
 		}
 		return claim, nil
 	}
-	if err := g.freeze(ctx, tx, c); err != nil {
-		return ledger.ClaimResult{}, err
+	if !frozen {
+		if err := g.freeze(ctx, tx, c); err != nil {
+			return ledger.ClaimResult{}, err
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if pgsql.CommitUnknown(err) {
+			// The claim may have committed, and the tool has not started: a retry in this
+			// process resumes the claim and runs the tool, rather than take the claim
+			// over as an attempt that may have acted.
+			g.lost.put(c, claim.Lease)
+			err = &ledger.OutcomeUnknownError{Scope: c.in.Scope, Key: c.in.Key, Token: claim.Lease.Token, Err: err}
+		}
 		return ledger.ClaimResult{}, fmt.Errorf("oncekit/agent: commit the claim of %s: %w", c.ref, err)
 	}
 	return claim, nil
@@ -511,17 +588,9 @@ func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (ledger.ClaimRe
 // arguments and stale owners are as in [Task.Call].
 func (t *Task) CallTx(ctx context.Context, step string, tool Tool, args json.RawMessage, fn LocalFunc, opts *CallOpts) (Result, error) {
 	g := t.g
-	if fn == nil {
-		return Result{}, errNilFunc
-	}
-	c, err := g.prepare(t, step, tool, args)
+	c, err := g.open(ctx, t, step, tool, args, fn == nil)
 	if err != nil {
-		return Result{}, err
-	}
-	if tool.NeedsApproval {
-		if err := g.gate(ctx, t, c); err != nil {
-			return Result{Call: c.ref}, err
-		}
+		return c.result(), err
 	}
 	o := callOpts(opts)
 	tx, err := g.pool.Begin(ctx)

@@ -463,7 +463,8 @@ func TestTask_ReplayRenewsClaim(t *testing.T) {
 	require.NoError(t, task.Finish(ctx, nil))
 }
 
-// Frozen calls are purged once their retention ran out, in batches, and not before.
+// Frozen calls are purged once their retention ran out, in batches, and not before;
+// Purgeable counts them first.
 func TestPurge(t *testing.T) {
 	t.Parallel()
 	g, b := setup(t, &agent.Config{Retention: time.Hour})
@@ -477,7 +478,13 @@ func TestPurge(t *testing.T) {
 	res, err := g.Purge(ctx, nil)
 	require.NoError(t, err)
 	require.Zero(t, res.Deleted)
+	n, err := g.Purgeable(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
 	b.clock.Advance(2 * time.Hour)
+	n, err = g.Purgeable(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 5, n, "what Purge would delete")
 	res, err = g.Purge(ctx, &ledger.PurgeOpts{BatchSize: 2})
 	require.NoError(t, err)
 	require.EqualValues(t, 5, res.Deleted)

@@ -40,15 +40,25 @@ func (c *stubClock) Advance(d time.Duration) {
 
 // bundle is what a test needs beside the guard.
 type bundle struct {
-	pool  *pgxpool.Pool
-	clock *stubClock
-	l     *ledger.Ledger
+	pool   *pgxpool.Pool
+	schema string
+	clock  *stubClock
+	l      *ledger.Ledger
+	// lcfg configures the ledgers of the bundle's guards, but for their schema and clock.
+	lcfg ledger.Config
 }
 
 // setup migrates oncekit's tables into a fresh schema with an "effects" table that
 // stands for what tools do, and returns a guard whose ledger and approvals share a
 // stubbed clock.
 func setup(t testing.TB, cfg *agent.Config) (*agent.Guard, *bundle) {
+	t.Helper()
+	return setupLedger(t, nil, cfg)
+}
+
+// setupLedger is setup with the guard's ledger configured by lcfg, but for its schema
+// and clock.
+func setupLedger(t testing.TB, lcfg *ledger.Config, cfg *agent.Config) (*agent.Guard, *bundle) {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
@@ -58,17 +68,30 @@ func setup(t testing.TB, cfg *agent.Config) (*agent.Guard, *bundle) {
 	require.NoError(t, err)
 	var dbNow time.Time
 	require.NoError(t, pool.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
-	clock := &stubClock{now: dbNow}
-	l, err := ledger.New(pool, &ledger.Config{Schema: schema, Test: ledger.TestConfig{NowFunc: clock.Now}})
+	b := &bundle{pool: pool, schema: schema, clock: &stubClock{now: dbNow}}
+	if lcfg != nil {
+		b.lcfg = *lcfg
+	}
+	var g *agent.Guard
+	g, b.l = b.guard(t, pool, cfg)
+	return g, b
+}
+
+// guard returns a guard on pool, on the bundle's schema and clock.
+func (b *bundle) guard(t testing.TB, pool *pgxpool.Pool, cfg *agent.Config) (*agent.Guard, *ledger.Ledger) {
+	t.Helper()
+	lc := b.lcfg
+	lc.Schema, lc.Test.NowFunc = b.schema, b.clock.Now
+	l, err := ledger.New(pool, &lc)
 	require.NoError(t, err)
 	c := agent.Config{}
 	if cfg != nil {
 		c = *cfg
 	}
-	c.Test.NowFunc = clock.Now
+	c.Test.NowFunc = b.clock.Now
 	g, err := agent.New(l, &c)
 	require.NoError(t, err)
-	return g, &bundle{pool: pool, clock: clock, l: l}
+	return g, l
 }
 
 // provider stands for a tool's provider: it records each effect in PostgreSQL, and

@@ -31,3 +31,13 @@ func (g *Guard) Purge(ctx context.Context, opts *ledger.PurgeOpts) (ledger.Purge
 	}
 	return res, nil
 }
+
+// Purgeable counts the frozen calls whose retention ran out: those [Guard.Purge] would
+// delete now.
+func (g *Guard) Purgeable(ctx context.Context) (int64, error) {
+	var n int64
+	if err := g.pool.QueryRow(ctx, g.q.purgeable, g.now()).Scan(&n); err != nil {
+		return 0, fmt.Errorf("oncekit/agent: count purgeable calls: %w", err)
+	}
+	return n, nil
+}

@@ -12,7 +12,7 @@ import (
 // schema-qualified agent_calls table. $n parameters are listed above each statement;
 // a NULL "now" means the database's clock.
 type queries struct {
-	insert, read, decide, timeout, waiting string
+	insert, read, decide, timeout, waiting, purgeable string
 	// purge deletes expired calls; $2 is now.
 	purge pgsql.Purge
 }
@@ -42,6 +42,8 @@ func newQueries(schema string) queries {
 		// $1 tenant, $2 call key, $3 now.
 		timeout: r(`UPDATE {{calls}} SET approval = 'rejected', decided_reason = 'timeout', decided_at = coalesce($3::timestamptz, now())
     WHERE tenant = $1 AND call_key = $2 AND approval = 'waiting' AND approval_deadline <= coalesce($3::timestamptz, now())`),
+		// $1 now.
+		purgeable: r(`SELECT count(*) FROM {{calls}} WHERE expires_at <= coalesce($1::timestamptz, now())`),
 		// $1 tenant, $2 now, $3 limit.
 		waiting: r(`SELECT call_key, task_id, step, tool, args, fingerprint, approval_deadline FROM {{calls}}
     WHERE tenant = $1 AND approval = 'waiting' AND approval_deadline > coalesce($2::timestamptz, now())

@@ -20,45 +20,51 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekit/oncekit/agent"
-	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
-	"github.com/oncekit/oncekit/migrate"
 )
 
-// rtClock is a clock the test moves, shared by the ledger and the guard.
-type rtClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *rtClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *rtClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
+// rtEnv is what a red-team test works with: a guard, the clock its ledger and approvals
+// share, a counter of tool starts and effects, and task "t1" of tenant "acme", not
+// claimed.
 type rtEnv struct {
 	g     *agent.Guard
-	clock *rtClock
+	clock *stubClock
+	cnt   *rtCounter
+	task  *agent.Task
 }
 
+// rtSetup is the package's setup, with a counter and a task.
 func rtSetup(t testing.TB, cfg *agent.Config) rtEnv {
 	t.Helper()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, pool, schema)
+	g, b := setup(t, cfg)
+	return rtEnv{g: g, clock: b.clock, cnt: newCounter(), task: g.Task("acme", "t1")}
+}
+
+// claim claims task "t1" of tenant "acme".
+func (e rtEnv) claim(t testing.TB) *agent.Task {
+	t.Helper()
+	task, err := e.g.ClaimTask(context.Background(), "acme", "t1", nil)
 	require.NoError(t, err)
-	clk := &rtClock{now: time.Now()}
-	l, err := ledger.New(pool, &ledger.Config{Schema: schema, Test: ledger.TestConfig{NowFunc: clk.Now}})
+	return task
+}
+
+// waitingOne returns the one call of tenant "acme" that waits for a decision.
+func (e rtEnv) waitingOne(t testing.TB) agent.FrozenCall {
+	t.Helper()
+	w, err := e.g.Waiting(context.Background(), "acme", 10)
 	require.NoError(t, err)
-	if cfg == nil {
-		cfg = &agent.Config{}
-	}
-	cfg.Test.NowFunc = clk.Now
-	g, err := agent.New(l, cfg)
-	require.NoError(t, err)
-	return rtEnv{g: g, clock: clk}
+	require.Len(t, w, 1)
+	return w[0]
+}
+
+// freeze calls the approval tool at step of task with args, which freezes the call for
+// a decision, and returns the frozen call.
+func (e rtEnv) freeze(t testing.TB, task *agent.Task, step string, args json.RawMessage) agent.FrozenCall {
+	t.Helper()
+	_, err := task.Call(context.Background(), step, approvalTool(), args, e.cnt.ok, nil)
+	var pend *agent.ApprovalPendingError
+	require.ErrorAs(t, err, &pend)
+	return e.waitingOne(t)
 }
 
 // rtCounter counts starts of a tool function per step, and effects.
@@ -96,6 +102,20 @@ func (c *rtCounter) Effects(step string) int {
 	return c.effects[step]
 }
 
+// actThenDie is a tool that acts and then loses its context before it answers, as an
+// agent that dies after the effect does; seen, when not nil, receives its invocation.
+func (c *rtCounter) actThenDie(cancel context.CancelFunc, seen *agent.Invocation) agent.ToolFunc {
+	return func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
+		if seen != nil {
+			*seen = inv
+		}
+		c.start(inv)
+		c.effect(inv)
+		cancel()
+		return nil, ctx.Err()
+	}
+}
+
 // ok is a tool that acts and answers.
 func (c *rtCounter) ok(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
 	c.start(inv)
@@ -114,12 +134,11 @@ var (
 func TestRedteamStaleOwnerComesBack(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, &agent.Config{TaskLease: time.Minute})
-	cnt := newCounter()
-	a, err := env.g.ClaimTask(ctx, "acme", "t1", nil)
-	require.NoError(t, err)
+	cnt := env.cnt
+	a := env.claim(t)
 
 	var b *agent.Task
-	_, err = a.Call(ctx, "1", plainTool, json.RawMessage(`{"to":"x"}`), func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
+	_, err := a.Call(ctx, "1", plainTool, json.RawMessage(`{"to":"x"}`), func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
 		cnt.start(inv)
 		env.clock.Advance(2 * time.Minute)
 		var err error
@@ -166,15 +185,13 @@ func TestRedteamStaleOwnerComesBack(t *testing.T) {
 func TestRedteamStaleOwnerRelease(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, &agent.Config{TaskLease: time.Minute})
-	a, err := env.g.ClaimTask(ctx, "acme", "t1", nil)
-	require.NoError(t, err)
+	a := env.claim(t)
 	env.clock.Advance(2 * time.Minute)
-	b, err := env.g.ClaimTask(ctx, "acme", "t1", nil)
-	require.NoError(t, err)
+	b := env.claim(t)
 	relErr := a.Release(ctx)
 	t.Logf("stale release: %v", relErr)
 	// A third agent must not get the task: b holds it.
-	_, err = env.g.ClaimTask(ctx, "acme", "t1", nil)
+	_, err := env.g.ClaimTask(ctx, "acme", "t1", nil)
 	require.ErrorIs(t, err, ledger.ErrInProgress, "stale owner's Release freed the new owner's task")
 	require.NoError(t, b.Heartbeat(ctx))
 }
@@ -298,15 +315,9 @@ func TestRedteamRandomTakeovers(t *testing.T) {
 // a keyed tool is redriven with the same downstream key.
 func TestRedteamCrashAfterEffectPlain(t *testing.T) {
 	env := rtSetup(t, &agent.Config{CallLease: 30 * time.Second})
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	ctx, cancel := context.WithCancel(context.Background())
-	_, err := task.Call(ctx, "1", plainTool, json.RawMessage(`{"to":"x"}`), func(c context.Context, inv agent.Invocation) (json.RawMessage, error) {
-		cnt.start(inv)
-		cnt.effect(inv)
-		cancel()
-		return nil, c.Err()
-	}, nil)
+	_, err := task.Call(ctx, "1", plainTool, json.RawMessage(`{"to":"x"}`), cnt.actThenDie(cancel, nil), nil)
 	t.Logf("crashed call heard: %v", err)
 	require.Error(t, err)
 	for _, adv := range []time.Duration{0, time.Minute} {
@@ -321,17 +332,10 @@ func TestRedteamCrashAfterEffectPlain(t *testing.T) {
 
 func TestRedteamCrashAfterEffectKeyed(t *testing.T) {
 	env := rtSetup(t, &agent.Config{CallLease: 30 * time.Second})
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	ctx, cancel := context.WithCancel(context.Background())
 	var first agent.Invocation
-	_, err := task.Call(ctx, "1", keyedTool, json.RawMessage(`{"to":"x"}`), func(c context.Context, inv agent.Invocation) (json.RawMessage, error) {
-		first = inv
-		cnt.start(inv)
-		cnt.effect(inv)
-		cancel()
-		return nil, c.Err()
-	}, nil)
+	_, err := task.Call(ctx, "1", keyedTool, json.RawMessage(`{"to":"x"}`), cnt.actThenDie(cancel, &first), nil)
 	require.Error(t, err)
 	env.clock.Advance(time.Minute)
 	var second agent.Invocation
@@ -355,15 +359,9 @@ func TestRedteamChangedArgsAfterCrash(t *testing.T) {
 	for _, tool := range []agent.Tool{plainTool, keyedTool} {
 		t.Run(tool.Name, func(t *testing.T) {
 			env := rtSetup(t, &agent.Config{CallLease: 30 * time.Second})
-			cnt := newCounter()
-			task := env.g.Task("acme", "t1")
+			cnt, task := env.cnt, env.task
 			ctx, cancel := context.WithCancel(context.Background())
-			_, err := task.Call(ctx, "1", tool, json.RawMessage(`{"to":"x","n":1}`), func(c context.Context, inv agent.Invocation) (json.RawMessage, error) {
-				cnt.start(inv)
-				cnt.effect(inv)
-				cancel()
-				return nil, c.Err()
-			}, nil)
+			_, err := task.Call(ctx, "1", tool, json.RawMessage(`{"to":"x","n":1}`), cnt.actThenDie(cancel, nil), nil)
 			require.Error(t, err)
 			for _, adv := range []time.Duration{0, time.Minute} {
 				env.clock.Advance(adv)
@@ -383,8 +381,7 @@ func TestRedteamChangedArgsAfterCrash(t *testing.T) {
 func TestRedteamCanonicalArgsReplay(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, nil)
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	_, err := task.Call(ctx, "1", plainTool, json.RawMessage(`{"a":1,"b":[1,2]}`), cnt.ok, nil)
 	require.NoError(t, err)
 	res, err := task.Call(ctx, "1", plainTool, json.RawMessage(" {\"b\" : [1,2], \"a\":1.0}\n"), cnt.ok, nil)
@@ -400,19 +397,14 @@ func approvalTool() agent.Tool { return agent.Tool{Name: "refund", NeedsApproval
 func TestRedteamApprovalThenChangedArgs(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, nil)
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	args := json.RawMessage(`{"amount":120}`)
-	_, err := task.Call(ctx, "1", approvalTool(), args, cnt.ok, nil)
-	var pend *agent.ApprovalPendingError
-	require.ErrorAs(t, err, &pend)
+	env.freeze(t, task, "1", args)
 	// Changed before approval: refused, not a second frozen call.
-	_, err = task.Call(ctx, "1", approvalTool(), json.RawMessage(`{"amount":900}`), cnt.ok, nil)
+	_, err := task.Call(ctx, "1", approvalTool(), json.RawMessage(`{"amount":900}`), cnt.ok, nil)
 	t.Logf("changed while pending: %v", err)
 	require.ErrorIs(t, err, agent.ErrArgumentsChanged)
-	w, err := env.g.Waiting(ctx, "acme", 10)
-	require.NoError(t, err)
-	require.Len(t, w, 1)
+	w := []agent.FrozenCall{env.waitingOne(t)}
 	require.JSONEq(t, `{"amount":120}`, string(w[0].Args))
 	// A forged frozen call with other args but the same ref must not be approvable.
 	forged := w[0]
@@ -441,16 +433,11 @@ func TestRedteamApprovalThenChangedArgs(t *testing.T) {
 func TestRedteamApprovalTimeout(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, &agent.Config{ApprovalTimeout: time.Hour})
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	args := json.RawMessage(`{"amount":120}`)
-	_, err := task.Call(ctx, "1", approvalTool(), args, cnt.ok, nil)
-	require.ErrorIs(t, err, agent.ErrApprovalPending)
-	w, err := env.g.Waiting(ctx, "acme", 10)
-	require.NoError(t, err)
-	require.Len(t, w, 1)
+	f := env.freeze(t, task, "1", args)
 	env.clock.Advance(2 * time.Hour)
-	err = env.g.Approve(ctx, w[0], "ops", "late")
+	err := env.g.Approve(ctx, f, "ops", "late")
 	t.Logf("late approve: %v", err)
 	require.Error(t, err)
 	_, err = task.Call(ctx, "1", approvalTool(), args, cnt.ok, nil)
@@ -458,7 +445,7 @@ func TestRedteamApprovalTimeout(t *testing.T) {
 	require.ErrorAs(t, err, &rej)
 	require.True(t, rej.TimedOut)
 	require.Equal(t, 0, cnt.Starts("1"))
-	w, err = env.g.Waiting(ctx, "acme", 10)
+	w, err := env.g.Waiting(ctx, "acme", 10)
 	require.NoError(t, err)
 	require.Empty(t, w, "a timed-out call is still listed as waiting")
 }
@@ -469,14 +456,9 @@ func TestRedteamApprovalTimeout(t *testing.T) {
 func TestRedteamConcurrentApprovals(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, nil)
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	args := json.RawMessage(`{"amount":120}`)
-	_, err := task.Call(ctx, "1", approvalTool(), args, cnt.ok, nil)
-	require.ErrorIs(t, err, agent.ErrApprovalPending)
-	w, err := env.g.Waiting(ctx, "acme", 10)
-	require.NoError(t, err)
-	require.Len(t, w, 1)
+	w := []agent.FrozenCall{env.freeze(t, task, "1", args)}
 	var approved, rejected atomic.Int32
 	var wg sync.WaitGroup
 	for i := 0; i < 20; i++ {
@@ -534,8 +516,7 @@ func TestRedteamConcurrentApprovals(t *testing.T) {
 func TestRedteamReadOnlyHintDestructive(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, &agent.Config{TrustHints: true})
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	tool := agent.Tool{Name: "wipe", Hints: agent.Hints{ReadOnly: true, Idempotent: true, Destructive: true}}
 	res, err := task.Call(ctx, "1", tool, json.RawMessage(`{}`), cnt.ok, nil)
 	require.NoError(t, err)
@@ -554,8 +535,7 @@ func TestRedteamReadOnlyHintDestructive(t *testing.T) {
 func TestRedteamReadOnlyHintNeedsApproval(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, &agent.Config{TrustHints: true})
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	tool := agent.Tool{Name: "refund", NeedsApproval: true, Hints: agent.Hints{ReadOnly: true}}
 	res, err := task.Call(ctx, "1", tool, json.RawMessage(`{"amount":500}`), cnt.ok, nil)
 	t.Logf("read-only + needs approval: res=%+v err=%v", res, err)
@@ -567,8 +547,7 @@ func TestRedteamReadOnlyHintNeedsApproval(t *testing.T) {
 func TestRedteamDeadlineShorterThanWait(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, nil)
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	inside := make(chan struct{})
 	release := make(chan struct{})
 	done := make(chan error, 1)
@@ -665,11 +644,9 @@ func TestRedteamHostileInput(t *testing.T) {
 // 10c. A plain tool acted and its output is over the ledger's body limit: the caller must
 // hear that the call may have happened, and no retry may start the tool again.
 func TestRedteamOutputTooLargeAfterEffect(t *testing.T) {
-	t.Skip("a known defect, not fixed yet: a keyless tool's output over the body limit, after its effect, is answered with BodyTooLargeError (nothing stored) instead of ErrUncertain")
 	ctx := context.Background()
 	env := rtSetup(t, &agent.Config{CallLease: 30 * time.Second})
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	fn := func(c context.Context, inv agent.Invocation) (json.RawMessage, error) {
 		cnt.start(inv)
 		cnt.effect(inv)
@@ -690,7 +667,7 @@ func TestRedteamOutputTooLargeAfterEffect(t *testing.T) {
 func TestRedteamHostileTaskNames(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, nil)
-	cnt := newCounter()
+	cnt := env.cnt
 	var pe interface{ SQLState() string }
 	for _, c := range []struct{ tenant, id string }{{"acme", "t\x00"}, {"ac\x00me", "t"}, {"acme", "\xff"}} {
 		task, err := env.g.ClaimTask(ctx, c.tenant, c.id, nil)
@@ -715,12 +692,10 @@ func TestRedteamHostileTaskNames(t *testing.T) {
 func TestRedteamStaleOwnerAfterTakeoverRelease(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, &agent.Config{TaskLease: time.Minute})
-	cnt := newCounter()
-	a, err := env.g.ClaimTask(ctx, "acme", "t1", nil)
-	require.NoError(t, err)
+	cnt := env.cnt
+	a := env.claim(t)
 	env.clock.Advance(2 * time.Minute)
-	b, err := env.g.ClaimTask(ctx, "acme", "t1", nil)
-	require.NoError(t, err)
+	b := env.claim(t)
 	require.NoError(t, b.Release(ctx))
 	hb := a.Heartbeat(ctx)
 	_, callErr := a.Call(ctx, "1", plainTool, json.RawMessage(`{}`), cnt.ok, nil)
@@ -738,9 +713,8 @@ func TestRedteamStaleOwnerAfterTakeoverRelease(t *testing.T) {
 func TestRedteamTakeoverDuringPlainCall(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, &agent.Config{TaskLease: time.Minute, CallLease: time.Minute})
-	cnt := newCounter()
-	a, err := env.g.ClaimTask(ctx, "acme", "t1", nil)
-	require.NoError(t, err)
+	cnt := env.cnt
+	a := env.claim(t)
 	var bErr error
 	_, aErr := a.Call(ctx, "1", plainTool, json.RawMessage(`{}`), func(c context.Context, inv agent.Invocation) (json.RawMessage, error) {
 		cnt.start(inv)
@@ -763,20 +737,13 @@ func TestRedteamTakeoverDuringPlainCall(t *testing.T) {
 func TestRedteamApprovalBoundToPlace(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, &agent.Config{TaskLease: time.Minute})
-	cnt := newCounter()
-	a, err := env.g.ClaimTask(ctx, "acme", "t1", nil)
-	require.NoError(t, err)
+	cnt := env.cnt
+	a := env.claim(t)
 	args := json.RawMessage(`{"amount":120}`)
-	_, err = a.Call(ctx, "1", approvalTool(), args, cnt.ok, nil)
-	require.ErrorIs(t, err, agent.ErrApprovalPending)
-	w, err := env.g.Waiting(ctx, "acme", 10)
-	require.NoError(t, err)
-	require.Len(t, w, 1)
-	require.NoError(t, env.g.Approve(ctx, w[0], "ops", "ok"))
+	require.NoError(t, env.g.Approve(ctx, env.freeze(t, a, "1", args), "ops", "ok"))
 	env.clock.Advance(2 * time.Minute)
-	b, err := env.g.ClaimTask(ctx, "acme", "t1", nil)
-	require.NoError(t, err)
-	_, err = a.Call(ctx, "1", approvalTool(), args, cnt.ok, nil)
+	b := env.claim(t)
+	_, err := a.Call(ctx, "1", approvalTool(), args, cnt.ok, nil)
 	require.ErrorIs(t, err, agent.ErrStaleOwner)
 	res, err := b.Call(ctx, "1", approvalTool(), args, cnt.ok, nil)
 	require.NoError(t, err)
@@ -792,8 +759,7 @@ func TestRedteamApprovalBoundToPlace(t *testing.T) {
 func TestRedteamResolveInFlight(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, nil)
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	inside := make(chan agent.Invocation)
 	release := make(chan struct{})
 	done := make(chan error, 1)
@@ -823,8 +789,7 @@ func TestRedteamResolveInFlight(t *testing.T) {
 func TestRedteamResolveRace(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, nil)
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	_, err := task.Call(ctx, "1", plainTool, json.RawMessage(`{}`), func(c context.Context, inv agent.Invocation) (json.RawMessage, error) {
 		cnt.start(inv)
 		cnt.effect(inv)
@@ -863,8 +828,7 @@ func TestRedteamResolveRace(t *testing.T) {
 func TestRedteamDefinitiveAndNotApplied(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, nil)
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	def := func(c context.Context, inv agent.Invocation) (json.RawMessage, error) {
 		cnt.start(inv)
 		return nil, ledger.Definitive("card_declined", "declined")
@@ -899,9 +863,8 @@ func TestRedteamDefinitiveAndNotApplied(t *testing.T) {
 func TestRedteamStaleOwnerInsideCallTx(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, &agent.Config{TaskLease: time.Minute})
-	cnt := newCounter()
-	a, err := env.g.ClaimTask(ctx, "acme", "t1", nil)
-	require.NoError(t, err)
+	cnt := env.cnt
+	a := env.claim(t)
 	type claim struct {
 		task *agent.Task
 		err  error
@@ -954,10 +917,8 @@ func TestRedteamStaleOwnerInsideCallTx(t *testing.T) {
 // that never started is never reported uncertain afterwards, and one that started is
 // never started again.
 func TestRedteamRandomDeadlines(t *testing.T) {
-	t.Skip("a known defect, not fixed yet: a context that ends while a call's claim commits gives a plain error, and the call (whose tool never started) is reported uncertain ever after")
 	env := rtSetup(t, &agent.Config{CallLease: 30 * time.Second})
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewSource(seed))
@@ -989,7 +950,6 @@ func TestRedteamRandomDeadlines(t *testing.T) {
 // answer's error advises ("call again ... which replays the result if it committed").
 // Nobody else took the task over, so the retry must not say another agent owns it.
 func TestRedteamFinishRetry(t *testing.T) {
-	t.Skip("a known defect, not fixed yet: Finish retried after its commit's answer was lost hears the stale-owner error although its first Finish committed")
 	env := rtSetup(t, nil)
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
@@ -1016,8 +976,7 @@ func TestRedteamFinishRetry(t *testing.T) {
 func TestRedteamConcurrentCallTx(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, nil)
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	var wg sync.WaitGroup
 	var ran, replayed atomic.Int32
 	for i := 0; i < 20; i++ {
@@ -1053,17 +1012,12 @@ func TestRedteamConcurrentCallTx(t *testing.T) {
 func TestRedteamRejectAndTenants(t *testing.T) {
 	ctx := context.Background()
 	env := rtSetup(t, nil)
-	cnt := newCounter()
-	task := env.g.Task("acme", "t1")
+	cnt, task := env.cnt, env.task
 	args := json.RawMessage(`{"amount":300}`)
-	_, err := task.Call(ctx, "1", approvalTool(), args, cnt.ok, nil)
-	require.ErrorIs(t, err, agent.ErrApprovalPending)
+	w := []agent.FrozenCall{env.freeze(t, task, "1", args)}
 	other, err := env.g.Waiting(ctx, "evil", 10)
 	require.NoError(t, err)
 	require.Empty(t, other)
-	w, err := env.g.Waiting(ctx, "acme", 10)
-	require.NoError(t, err)
-	require.Len(t, w, 1)
 	forged := w[0]
 	forged.Call.Tenant = "evil"
 	err = env.g.Approve(ctx, forged, "eve", "other tenant")
@@ -1087,18 +1041,12 @@ func TestRedteamRejectAndTenants(t *testing.T) {
 // timeout: the call must not run without a person's decision afterwards.
 func TestRedteamPurgeWhilePending(t *testing.T) {
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, pool, schema)
-	require.NoError(t, err)
-	clk := &rtClock{now: time.Now()}
-	l, err := ledger.New(pool, &ledger.Config{Schema: schema, Retention: time.Hour, Test: ledger.TestConfig{NowFunc: clk.Now}})
-	require.NoError(t, err)
-	g, err := agent.New(l, &agent.Config{Retention: time.Hour, ApprovalTimeout: 24 * time.Hour, Test: agent.TestConfig{NowFunc: clk.Now}})
-	require.NoError(t, err)
+	g, b := setupLedger(t, &ledger.Config{Retention: time.Hour}, &agent.Config{Retention: time.Hour, ApprovalTimeout: 24 * time.Hour})
+	clk, l := b.clock, b.l
 	cnt := newCounter()
 	task := g.Task("acme", "t1")
 	args := json.RawMessage(`{"amount":500}`)
-	_, err = task.Call(ctx, "1", approvalTool(), args, cnt.ok, nil)
+	_, err := task.Call(ctx, "1", approvalTool(), args, cnt.ok, nil)
 	require.ErrorIs(t, err, agent.ErrApprovalPending)
 	clk.Advance(2 * time.Hour)
 	pr, err := g.Purge(ctx, nil)

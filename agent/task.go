@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -32,6 +33,9 @@ type Task struct {
 	g     *Guard
 	mu    sync.Mutex // guards lease
 	lease *ledger.Lease
+	// created is when the task's record was created, as the claim read it: with the
+	// lease's attempt, it tells this claim's record from a later claim's.
+	created time.Time
 }
 
 // Task returns task id of tenant, not claimed: for agents whose runtime owns the task,
@@ -71,7 +75,8 @@ func (g *Guard) ClaimTask(ctx context.Context, tenant, id string, opts *ClaimTas
 	case claim.Lease == nil:
 		return nil, fmt.Errorf("%w: task %q of tenant %q", ErrTaskDone, id, tenant)
 	}
-	return &Task{Tenant: tenant, ID: id, Attempt: claim.Lease.Attempt, TakenOver: claim.Lease.Redrive, g: g, lease: claim.Lease}, nil
+	return &Task{Tenant: tenant, ID: id, Attempt: claim.Lease.Attempt, TakenOver: claim.Lease.Redrive, g: g, lease: claim.Lease,
+		created: claim.Result.CreatedAt}, nil
 }
 
 func taskIntent(tenant, id string) (ledger.Intent, error) {
@@ -131,7 +136,10 @@ func (t *Task) stale(err error) error {
 
 // Finish records the task's outcome and ends the claim: a later claim of the task is
 // refused with [ErrTaskDone]. It returns a [*StaleOwnerError] when another agent took
-// the task over.
+// the task over. Finish is idempotent for its owner: a retry, such as after an error
+// that says the outcome of the first is unknown (ledger.ErrOutcomeUnknown), returns nil
+// when this owner's Finish committed with the same outcome, and an error that matches
+// [ErrTaskDone] when it committed with another.
 func (t *Task) Finish(ctx context.Context, outcome json.RawMessage) error {
 	if t.lease == nil {
 		return nil
@@ -142,7 +150,24 @@ func (t *Task) Finish(ctx context.Context, outcome json.RawMessage) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	_, err := t.g.l.Complete(ctx, t.lease, ledger.Response{Body: outcome})
+	var lost *ledger.LeaseLostError
+	if errors.As(err, &lost) && t.finishedByThisClaim(lost.Current) {
+		if bytes.Equal(lost.Current.Response.Body, outcome) {
+			return nil
+		}
+		return fmt.Errorf("%w: task %q of tenant %q was finished by this agent with another outcome (%s)",
+			ErrTaskDone, t.ID, t.Tenant, clip(lost.Current.Response.Body))
+	}
 	return t.stale(err)
+}
+
+// finishedByThisClaim reports whether rec, the task's record, was completed under this
+// task's claim. Only the claim's owner completes it, and every later claim counts one
+// more attempt (or, once the record expired, begins a new record), so a completed
+// record with the claim's attempt and creation time was completed by this owner.
+func (t *Task) finishedByThisClaim(rec *ledger.Record) bool {
+	return rec != nil && rec.State == ledger.StateCompleted && !rec.Expired &&
+		rec.Attempts == t.lease.Attempt && rec.CreatedAt.Equal(t.created)
 }
 
 // Release gives the task up unfinished, such as on shutdown, so that another agent may

@@ -380,7 +380,7 @@ func TestPurge_DryRunNamesTables(t *testing.T) {
 	for _, tb := range pv.Tables {
 		counts[strings.TrimPrefix(tb.Table, b.schema+".")] = tb.Count
 	}
-	require.Equal(t, map[string]int64{"idempotency_records": 1, "inbox_messages": 0, "outbox_events": 0}, counts)
+	require.Equal(t, map[string]int64{"idempotency_records": 1, "agent_calls": 0, "inbox_messages": 0, "outbox_events": 0}, counts)
 	r = b.run(t, "purge", "-y", "--pause", "-1s")
 	require.Equal(t, exitUsage, r.code)
 	require.Contains(t, r.errOut, "--pause must not be negative")

@@ -74,10 +74,11 @@ func (a *app) purgeCommand() *cobra.Command {
 		Use: "purge",
 		Example: `  oncekit purge --dry-run
   oncekit purge -y --batch 500 --pause 20ms`,
-		Short: "Delete expired records, expired inbox records and old published events, in batches",
+		Short: "Delete expired records, expired inbox records, old published events and expired agent calls, in batches",
 		Long: `purge deletes, in batches, what has outlived its retention: the ledger's expired records
-(idempotency_records; a pending record whose lease is live is kept), the inbox's expired
-records (inbox_messages), and the outbox's events published longer ago than
+(idempotency_records; a pending record whose lease is live is kept), the agent's expired
+frozen tool calls (agent_calls, when the agent's migration line is applied), the inbox's
+expired records (inbox_messages), and the outbox's events published longer ago than
 --published-retention (outbox_events). Without --yes it counts them and deletes nothing.
 Expired records already count as absent: purging only frees space.`,
 		Args: args(0, ""),
@@ -100,7 +101,12 @@ Expired records already count as absent: purging only frees space.`,
 			if err != nil {
 				return err
 			}
-			return a.purge(p, []purgeStep{a.ledgerPurge(l, p), inboxPurge(a, in, p), outboxPurge(a, out, p)})
+			agentSteps, err := a.agentPurge(l, p)
+			if err != nil {
+				return err
+			}
+			steps := append(append([]purgeStep{a.ledgerPurge(l, p)}, agentSteps...), inboxPurge(a, in, p), outboxPurge(a, out, p))
+			return a.purge(p, steps)
 		}),
 	}
 	p.register(cmd, true)
