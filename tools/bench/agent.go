@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -42,7 +43,7 @@ func (b agentBench) run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	store := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var id int64
 		err := pool.QueryRow(r.Context(), `INSERT INTO emails (idem_key, body) VALUES ($1, $2)
@@ -53,12 +54,20 @@ func (b agentBench) run(ctx context.Context, out io.Writer) error {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"id":%d}`, id)
-	}))
+	})
+	api := httptest.NewServer(store)
 	defer api.Close()
+	// The same API behind a network: it answers remoteDelay later, as a provider across
+	// the internet does, so that the guard's two commits are weighed against such a call.
+	remote := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(remoteDelay)
+		store(w, r)
+	}))
+	defer remote.Close()
 	client := api.Client()
 	args := json.RawMessage(`{"to":"ann@example.com","subject":"Your refund","body":"It is on its way."}`)
-	send := func(ctx context.Context, key string) (json.RawMessage, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, api.URL+"/emails", bytes.NewReader(args))
+	sendTo := func(ctx context.Context, base, key string) (json.RawMessage, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/emails", bytes.NewReader(args))
 		if err != nil {
 			return nil, err
 		}
@@ -75,24 +84,36 @@ func (b agentBench) run(ctx context.Context, out io.Writer) error {
 		return out, err
 	}
 	tool := agent.Tool{Name: "send_email", AcceptsKey: true}
-	lat, err := interleave(ctx, b.rounds, b.opsPerRound, 1, []scenario{
-		{"bare", func(ctx context.Context, _ int) error {
-			_, err := send(ctx, uuid.NewString())
-			return err
-		}},
-		{"tool", func(ctx context.Context, _ int) error {
-			task := g.Task("bench", uuid.NewString())
-			_, err := task.Call(ctx, "1", tool, args, func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
-				return send(ctx, string(inv.DownstreamKey))
-			}, nil)
-			return err
-		}},
-	})
+	pair := func(base string) []scenario {
+		return []scenario{
+			{"bare", func(ctx context.Context, _ int) error {
+				_, err := sendTo(ctx, base, uuid.NewString())
+				return err
+			}},
+			{"tool", func(ctx context.Context, _ int) error {
+				task := g.Task("bench", uuid.NewString())
+				_, err := task.Call(ctx, "1", tool, args, func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
+					return sendTo(ctx, base, string(inv.DownstreamKey))
+				}, nil)
+				return err
+			}},
+		}
+	}
+	lat, err := interleave(ctx, b.rounds, b.opsPerRound, 1, pair(api.URL))
 	if err != nil {
 		return err
 	}
 	emit("agent.bare_us", lat["bare"])
 	emit("agent.tool_us", lat["tool"])
 	emit("agent.tool_vs_bare", lat["tool"]/lat["bare"])
+	// One call of each per round: each waits remoteDelay.
+	lat, err = interleave(ctx, b.rounds, 1, 1, pair(remote.URL))
+	if err != nil {
+		return err
+	}
+	emit("agent.remote_tool_vs_bare", lat["tool"]/lat["bare"])
 	return nil
 }
+
+// remoteDelay is how long the remote email API takes to answer.
+const remoteDelay = 50 * time.Millisecond
