@@ -181,7 +181,7 @@ func TestInbox_BadInputAndPurge(t *testing.T) {
 	}
 	_, err = pool.Exec(ctx, `UPDATE inbox_messages SET expires_at = now() - interval '1 second'`)
 	require.NoError(t, err)
-	purged, err := ib.Purge(ctx, &inbox.PurgeOpts{BatchSize: 7})
+	purged, err := ib.Purge(ctx, &ledger.PurgeOpts{BatchSize: 7})
 	require.NoError(t, err)
 	require.Equal(t, int64(30), purged.Deleted)
 	require.Equal(t, 5, purged.Batches, "30 records in batches of 7")
@@ -214,12 +214,12 @@ func TestInbox_PurgePause(t *testing.T) {
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type outcome struct {
-		res inbox.PurgeResult
+		res ledger.PurgeResult
 		err error
 	}
 	done := make(chan outcome, 1)
 	go func() {
-		res, err := ib.Purge(pctx, &inbox.PurgeOpts{BatchSize: 2, Pause: time.Hour})
+		res, err := ib.Purge(pctx, &ledger.PurgeOpts{BatchSize: 2, Pause: time.Hour})
 		done <- outcome{res, err}
 	}()
 	require.Eventually(t, func() bool {
@@ -230,10 +230,10 @@ func TestInbox_PurgePause(t *testing.T) {
 	select {
 	case o := <-done:
 		require.ErrorIs(t, o.err, context.Canceled)
-		require.Equal(t, inbox.PurgeResult{Deleted: 2, Batches: 1}, o.res)
+		require.Equal(t, ledger.PurgeResult{Deleted: 2, Batches: 1}, o.res)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the purge did not end when its context was cancelled during a pause")
 	}
-	_, err = ib.Purge(ctx, &inbox.PurgeOpts{Pause: -time.Second})
+	_, err = ib.Purge(ctx, &ledger.PurgeOpts{Pause: -time.Second})
 	require.Error(t, err, "a negative pause is refused")
 }

@@ -96,6 +96,14 @@ func (b *bundle) consume(ctx context.Context, e outbox.Event) error {
 	return err
 }
 
+// withRetention is the bundle's outbox with another PublishedRetention.
+func (b *bundle) withRetention(t testing.TB, d time.Duration) *outbox.Outbox {
+	t.Helper()
+	out, err := outbox.New(b.pool, &outbox.Config{Schema: b.schema, PublishedRetention: d})
+	require.NoError(t, err)
+	return out
+}
+
 func (b *bundle) dispatcher(t testing.TB, pub outbox.Publisher, cfg *outbox.DispatcherConfig) *outbox.Dispatcher {
 	t.Helper()
 	d, err := outbox.NewDispatcher(b.out, pub, cfg)
@@ -347,14 +355,27 @@ func TestOutbox_Purge(t *testing.T) {
 	}
 	b.drain(t, b.dispatcher(t, outbox.PublisherFunc(func(context.Context, outbox.Event) error { return nil }), nil))
 	pending := b.produce(t, "acc-pending", 1)
-	res, err := b.out.Purge(ctx, &outbox.PurgeOpts{PublishedRetention: time.Hour})
+	n, err := b.out.Purgeable(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing was published longer ago than the default retention")
+	res, err := b.out.Purge(ctx, nil)
+	require.NoError(t, err)
+	require.Zero(t, res.Deleted, "nothing was published longer ago than the default retention")
+	hour := b.withRetention(t, time.Hour)
+	res, err = hour.Purge(ctx, nil)
 	require.NoError(t, err)
 	require.Zero(t, res.Deleted, "nothing was published an hour ago")
-	res, err = b.out.Purge(ctx, &outbox.PurgeOpts{PublishedRetention: time.Nanosecond, BatchSize: 2})
+	purger := b.withRetention(t, time.Nanosecond)
+	n, err = purger.Purgeable(ctx)
 	require.NoError(t, err)
-	require.Equal(t, outbox.PurgeResult{Deleted: 3, Batches: 2}, res)
-	_, err = b.out.Purge(ctx, &outbox.PurgeOpts{BatchSize: -1})
+	require.Equal(t, int64(3), n)
+	res, err = purger.Purge(ctx, &ledger.PurgeOpts{BatchSize: 2})
+	require.NoError(t, err)
+	require.Equal(t, ledger.PurgeResult{Deleted: 3, Batches: 2}, res)
+	_, err = purger.Purge(ctx, &ledger.PurgeOpts{BatchSize: -1})
 	require.Error(t, err, "negative options are refused")
+	_, err = outbox.New(b.pool, &outbox.Config{Schema: b.schema, PublishedRetention: -time.Second})
+	require.Error(t, err, "a negative retention is refused")
 	st, err := b.out.Stats(ctx)
 	require.NoError(t, err)
 	require.Equal(t, outbox.Stats{Pending: 1}, st)
@@ -406,12 +427,13 @@ func TestOutbox_PurgePause(t *testing.T) {
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type outcome struct {
-		res outbox.PurgeResult
+		res ledger.PurgeResult
 		err error
 	}
 	done := make(chan outcome, 1)
+	purger := b.withRetention(t, time.Nanosecond)
 	go func() {
-		res, err := b.out.Purge(pctx, &outbox.PurgeOpts{PublishedRetention: time.Nanosecond, BatchSize: 2, Pause: time.Hour})
+		res, err := purger.Purge(pctx, &ledger.PurgeOpts{BatchSize: 2, Pause: time.Hour})
 		done <- outcome{res, err}
 	}()
 	require.Eventually(t, func() bool {
@@ -422,10 +444,10 @@ func TestOutbox_PurgePause(t *testing.T) {
 	select {
 	case o := <-done:
 		require.ErrorIs(t, o.err, context.Canceled)
-		require.Equal(t, outbox.PurgeResult{Deleted: 2, Batches: 1}, o.res)
+		require.Equal(t, ledger.PurgeResult{Deleted: 2, Batches: 1}, o.res)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the purge did not end when its context was cancelled during a pause")
 	}
-	_, err := b.out.Purge(ctx, &outbox.PurgeOpts{Pause: -time.Second})
+	_, err := b.out.Purge(ctx, &ledger.PurgeOpts{Pause: -time.Second})
 	require.Error(t, err, "a negative pause is refused")
 }

@@ -27,6 +27,7 @@ type shardedBundle struct {
 	router *shard.Router
 	pools  map[string]*pgxpool.Pool
 	b      *pgtest.Cluster
+	schema string
 	out    *outbox.Outbox
 	in     *inbox.Inbox
 }
@@ -56,7 +57,7 @@ func setupSharded(t *testing.T) *shardedBundle {
 	require.NoError(t, err)
 	in, err := inbox.NewSharded(r, &inbox.Config{Schema: schema})
 	require.NoError(t, err)
-	return &shardedBundle{router: r, pools: map[string]*pgxpool.Pool{"a": pools[0], "b": pools[1]}, b: clusters[0], out: out, in: in}
+	return &shardedBundle{router: r, pools: map[string]*pgxpool.Pool{"a": pools[0], "b": pools[1]}, b: clusters[0], schema: schema, out: out, in: in}
 }
 
 // produce commits a tenant's transfer and its event on the tenant's shard.
@@ -172,10 +173,12 @@ func TestSharded_DispatcherPerShard(t *testing.T) {
 	require.ErrorIs(t, err, shard.ErrWrongShard)
 	require.NoError(t, wrong.Rollback(ctx))
 
-	n, err := sb.out.Purgeable(ctx, &outbox.PurgeOpts{PublishedRetention: time.Nanosecond})
+	purger, err := outbox.NewSharded(sb.router, &outbox.Config{Schema: sb.schema, PublishedRetention: time.Nanosecond})
+	require.NoError(t, err)
+	n, err := purger.Purgeable(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(6), n)
-	res, err := sb.out.Purge(ctx, &outbox.PurgeOpts{PublishedRetention: time.Nanosecond})
+	res, err := purger.Purge(ctx, nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(6), res.Deleted)
 }
