@@ -21,11 +21,13 @@ import (
 	"github.com/oncekit/oncekit/shard"
 )
 
-// Defaults of [Config].
+// Defaults of [Config], and the inbox's migration line.
 const (
 	// SchemaDefault is the schema the inbox's table lives in: the schema of every
 	// oncekit table.
 	SchemaDefault = config.SchemaDefault
+	// MigrationLine names the inbox's line in the oncekit_migrations table.
+	MigrationLine = "inbox"
 	// RetentionDefault is how long handled messages are remembered: longer than any
 	// broker keeps redelivering, and as long as the ledger keeps its records.
 	RetentionDefault = 30 * 24 * time.Hour

@@ -451,11 +451,13 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 	return s, err
 }
 
-// Defaults of [Config].
+// Defaults of [Config], and the outbox's migration line.
 const (
 	// SchemaDefault is the schema the outbox's table lives in: the schema of every
 	// oncekit table.
 	SchemaDefault = config.SchemaDefault
+	// MigrationLine names the outbox's line in the oncekit_migrations table.
+	MigrationLine = "outbox"
 	// PublishedRetentionDefault is how long a published event is kept before a purge
 	// may delete it: long enough to look into what was published last week.
 	PublishedRetentionDefault = 7 * 24 * time.Hour

@@ -18,8 +18,10 @@ import (
 	"github.com/oncekit/oncekit/shard"
 )
 
-// Defaults of [Config].
+// Defaults of [Config], and the receiver's migration line.
 const (
+	// MigrationLine names the receiver's line in the oncekit_migrations table.
+	MigrationLine = "webhook"
 	// MaxBodyDefault is the largest delivery read, in bytes (GitHub caps payloads at 25 MB).
 	MaxBodyDefault = 25 << 20
 	// MaxConcurrentReadsDefault is how many deliveries are read at once before their
