@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,27 +19,10 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-type stubClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *stubClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *stubClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // bundle is what a test needs beside the guard.
 type bundle struct {
 	pool  *pgxpool.Pool
-	clock *stubClock
+	clock *pgtest.Clock
 	l     *ledger.Ledger
 }
 
@@ -50,15 +31,9 @@ type bundle struct {
 // stubbed clock.
 func setup(t testing.TB, cfg *agent.Config) (*agent.Guard, *bundle) {
 	t.Helper()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, pool, schema)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `CREATE TABLE effects (id bigserial PRIMARY KEY, call text NOT NULL, dkey text UNIQUE, body text NOT NULL)`)
-	require.NoError(t, err)
-	var dbNow time.Time
-	require.NoError(t, pool.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
-	clock := &stubClock{now: dbNow}
+	pool, schema := pgtest.NewStore(t, pgtest.Migrator(migrate.Up),
+		`CREATE TABLE effects (id bigserial PRIMARY KEY, call text NOT NULL, dkey text UNIQUE, body text NOT NULL)`)
+	clock := pgtest.NewClock(t, pool)
 	l, err := ledger.New(pool, &ledger.Config{Schema: schema, Test: ledger.TestConfig{NowFunc: clock.Now}})
 	require.NoError(t, err)
 	c := agent.Config{}

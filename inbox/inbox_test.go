@@ -24,12 +24,8 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func setup(t *testing.T) (*inbox.Inbox, *pgxpool.Pool) {
 	t.Helper()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, pool, schema)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `CREATE TABLE credits (id bigserial PRIMARY KEY, message text NOT NULL, amount bigint NOT NULL)`)
-	require.NoError(t, err)
+	pool, schema := pgtest.NewStore(t, pgtest.Migrator(migrate.Up),
+		`CREATE TABLE credits (id bigserial PRIMARY KEY, message text NOT NULL, amount bigint NOT NULL)`)
 	ib, err := inbox.New(pool, &inbox.Config{Schema: schema})
 	require.NoError(t, err)
 	return ib, pool

@@ -41,16 +41,15 @@ type bundle struct {
 	in     *inbox.Inbox
 }
 
+// transfersDDL is the business tables of the tests: the producer's transfers, and the
+// consumer's statement lines.
+const transfersDDL = `
+	CREATE TABLE transfers (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL);
+	CREATE TABLE statements (id bigserial PRIMARY KEY, event_id uuid NOT NULL, account text NOT NULL, amount bigint NOT NULL)`
+
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, pool, schema)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `
-		CREATE TABLE transfers (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL);
-		CREATE TABLE statements (id bigserial PRIMARY KEY, event_id uuid NOT NULL, account text NOT NULL, amount bigint NOT NULL)`)
-	require.NoError(t, err)
+	pool, schema := pgtest.NewStore(t, pgtest.Migrator(migrate.Up), transfersDDL)
 	out, err := outbox.New(pool, &outbox.Config{Schema: schema})
 	require.NoError(t, err)
 	in, err := inbox.New(pool, &inbox.Config{Schema: schema})
