@@ -211,18 +211,13 @@ func (e *histEnv) proxy(url string) *faultproxy.Proxy {
 	if p, ok := e.proxies[url]; ok {
 		return p
 	}
-	cfg, err := pgconn.ParseConfig(url)
-	require.NoError(e.t, err)
 	plan := histFaults(e.run.Seed + uint64(len(e.proxies)))
 	plan.FaultFunc = func(kind string, conn int, detail string) {
 		if kind != faultproxy.Delay {
 			e.log.Add(history.Event{Client: -1, Kind: "fault", Op: "tcp " + kind, Detail: fmt.Sprintf("conn %d %s", conn, detail)})
 		}
 	}
-	network, addr := faultproxy.Target(cfg)
-	p, err := faultproxy.New(network, addr, plan)
-	require.NoError(e.t, err)
-	e.t.Cleanup(func() { _ = p.Close() })
+	p := faultproxy.Start(e.t, url, plan)
 	if e.proxies == nil {
 		e.proxies = map[string]*faultproxy.Proxy{}
 	}
