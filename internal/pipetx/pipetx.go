@@ -46,14 +46,6 @@ type Config struct {
 	OnRefused func(ctx context.Context) (*Resume, error)
 	// Managed is what Commit and Rollback return: the owner ends the transaction.
 	Managed error
-	// ReadClaim, when set, reads the first row the claim returns (a claim that returns
-	// rows and refuses by failing after its first), before the claim's failure is known.
-	ReadClaim func(pgx.Rows) error
-	// Named sends the batch that carries the prefix on statements prepared by name
-	// (see [PrepareNamed]) where the connection prepares statements anyway
-	// (pgx.QueryExecModeCacheStatement): pgx forgets, then deallocates and prepares
-	// again, every cached statement of a batch that failed, which a refused claim's does.
-	Named bool
 	// Guard keeps the first statements from failing before they run in the modes of
 	// pgx that prepare or describe a batch first: a statement PostgreSQL cannot parse
 	// (an unknown table) would otherwise be refused before the prefix runs, leaving a
@@ -180,12 +172,6 @@ func (p *Tx) sendPrefixed(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, 
 		// that failed (a refused claim) may have had its statements deallocated.
 		full.QueuedQueries = append(full.QueuedQueries, &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: q.Fn})
 	}
-	if p.cfg.Named {
-		if err := p.prepareNamed(ctx, full); err != nil {
-			p.err = err
-			return nil, err
-		}
-	}
 	var br pgx.BatchResults
 	if p.tx != nil {
 		br = p.tx.SendBatch(ctx, full)
@@ -214,13 +200,7 @@ func (p *Tx) sendPrefixed(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, 
 			}
 			continue
 		}
-		var err error
-		if i == claim && p.cfg.ReadClaim != nil {
-			err = readClaim(br, p.cfg.ReadClaim)
-		} else {
-			_, err = br.Exec()
-		}
-		if err != nil {
+		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
 			if i == claim && pgsql.Code(err) == pgsql.DivisionByZero {
 				p.refused = true
@@ -234,50 +214,6 @@ func (p *Tx) sendPrefixed(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, 
 		}
 	}
 	return br, nil
-}
-
-// readClaim reads the claim's rows, handing the first to read, and returns the
-// claim's error.
-func readClaim(br pgx.BatchResults, read func(pgx.Rows) error) error {
-	rows, err := br.Query()
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	var rerr error
-	if rows.Next() {
-		rerr = read(rows)
-	}
-	for rows.Next() {
-	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	return rerr
-}
-
-// prepareNamed prepares the statements of b by name on the connection, where it
-// prepares statements anyway, so that pgx sends them by name and a failure of b
-// invalidates none of them.
-func (p *Tx) prepareNamed(ctx context.Context, b *pgx.Batch) error {
-	conn := p.conn()
-	if conn == nil || conn.Config().DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
-		return nil
-	}
-	if p.conn().PgConn().TxStatus() == 'E' {
-		return nil // an aborted transaction prepares nothing; the batch fails anyway
-	}
-	for _, q := range b.QueuedQueries {
-		if len(q.Arguments) > 0 {
-			if _, ok := q.Arguments[0].(pgx.QueryRewriter); ok {
-				continue
-			}
-		}
-		if _, err := PrepareNamed(ctx, conn, q.SQL); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // Flush sends the prefix alone, for an operation that cannot travel in a batch.
