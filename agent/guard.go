@@ -261,7 +261,12 @@ type call struct {
 	inv  Invocation
 }
 
-func (g *Guard) prepare(t *Task, step string, tool Tool, args json.RawMessage) (*call, error) {
+// prepare checks a call (nilFunc says the caller passed no function) and makes its
+// reference, intent and invocation.
+func (g *Guard) prepare(t *Task, step string, tool Tool, args json.RawMessage, nilFunc bool) (*call, error) {
+	if nilFunc {
+		return nil, errNilFunc
+	}
 	ref, err := g.Ref(t.Tenant, t.ID, step, tool.Name)
 	if err != nil {
 		return nil, err
@@ -353,10 +358,7 @@ func (g *Guard) changed(ctx context.Context, c *call) error {
 // an [*UncertainError] and fn does not run.
 func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMessage, fn ToolFunc, opts *CallOpts) (Result, error) {
 	g := t.g
-	if fn == nil {
-		return Result{}, errNilFunc
-	}
-	c, err := g.prepare(t, step, tool, args)
+	c, err := g.prepare(t, step, tool, args, fn == nil)
 	if err != nil {
 		return Result{}, err
 	}
@@ -514,10 +516,7 @@ func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (ledger.ClaimRe
 // arguments and stale owners are as in [Task.Call].
 func (t *Task) CallTx(ctx context.Context, step string, tool Tool, args json.RawMessage, fn LocalFunc, opts *CallOpts) (Result, error) {
 	g := t.g
-	if fn == nil {
-		return Result{}, errNilFunc
-	}
-	c, err := g.prepare(t, step, tool, args)
+	c, err := g.prepare(t, step, tool, args, fn == nil)
 	if err != nil {
 		return Result{}, err
 	}
