@@ -25,31 +25,15 @@ import (
 	"github.com/oncekit/oncekit/migrate"
 )
 
-// rtClock is a clock the test moves, shared by the ledger and the guard.
-type rtClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *rtClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *rtClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 type rtEnv struct {
 	g     *agent.Guard
-	clock *rtClock
+	clock *pgtest.Clock
 }
 
 func rtSetup(t testing.TB, cfg *agent.Config) rtEnv {
 	t.Helper()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, pool, schema)
-	require.NoError(t, err)
-	clk := &rtClock{now: time.Now()}
+	pool, schema := pgtest.NewStore(t, pgtest.Migrator(migrate.Up), "")
+	clk := pgtest.ClockAt(time.Now())
 	l, err := ledger.New(pool, &ledger.Config{Schema: schema, Test: ledger.TestConfig{NowFunc: clk.Now}})
 	require.NoError(t, err)
 	if cfg == nil {
@@ -1087,10 +1071,8 @@ func TestRedteamRejectAndTenants(t *testing.T) {
 // timeout: the call must not run without a person's decision afterwards.
 func TestRedteamPurgeWhilePending(t *testing.T) {
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, pool, schema)
-	require.NoError(t, err)
-	clk := &rtClock{now: time.Now()}
+	pool, schema := pgtest.NewStore(t, pgtest.Migrator(migrate.Up), "")
+	clk := pgtest.ClockAt(time.Now())
 	l, err := ledger.New(pool, &ledger.Config{Schema: schema, Retention: time.Hour, Test: ledger.TestConfig{NowFunc: clk.Now}})
 	require.NoError(t, err)
 	g, err := agent.New(l, &agent.Config{Retention: time.Hour, ApprovalTimeout: 24 * time.Hour, Test: agent.TestConfig{NowFunc: clk.Now}})

@@ -123,33 +123,13 @@ func TestMiddleware_OversizedResponseIsRefusedAsWritten(t *testing.T) {
 	require.Zero(t, n, "nothing stored")
 }
 
-// testClock is a clock a test moves by hand, for the ledger's Config.Test.NowFunc.
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newTestClock() *testClock { return &testClock{now: time.Now().Truncate(time.Microsecond)} }
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *testClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // A retry that arrives after its record expired is a new intent and runs the handler
 // again: once. The test counts the handler's calls, not committed rows, since a call
 // that runs the handler twice still commits once, and a handler that calls a payment
 // API would charge twice.
 func TestMiddleware_RetryAfterExpiryRunsHandlerOnce(t *testing.T) {
 	t.Parallel()
-	clock := newTestClock()
+	clock := pgtest.ClockAt(time.Now().Truncate(time.Microsecond))
 	b := setupWithLedger(t, &ledger.Config{Retention: time.Hour, Test: ledger.TestConfig{NowFunc: clock.Now}}, nil)
 
 	first := b.post(t, "acme", `"late"`, `{"item":"book"}`)
@@ -157,7 +137,7 @@ func TestMiddleware_RetryAfterExpiryRunsHandlerOnce(t *testing.T) {
 	require.Equal(t, "true", b.post(t, "acme", `"late"`, `{"item":"book"}`).header.Get("Idempotency-Replayed"))
 	require.Equal(t, int64(1), b.handlerCalls())
 
-	clock.Add(time.Hour + time.Minute)
+	clock.Advance(time.Hour + time.Minute)
 	late := b.post(t, "acme", `"late"`, `{"item":"book"}`)
 	require.Equal(t, http.StatusCreated, late.status)
 	require.Empty(t, late.header.Get("Idempotency-Replayed"), "an expired record is absent")

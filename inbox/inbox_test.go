@@ -233,3 +233,13 @@ func TestInbox_PurgePause(t *testing.T) {
 	_, err = ib.Purge(ctx, &ledger.PurgeOpts{Pause: -time.Second})
 	require.Error(t, err, "a negative pause is refused")
 }
+
+// The values the documentation states and the dashboards and alerts filter on: changing
+// one breaks users, so it goes in the CHANGELOG, and this test says so first.
+func TestDocumentedValues(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "oncekit", inbox.SchemaDefault)
+	require.Equal(t, "inbox", inbox.MigrationLine)
+	require.Equal(t, "github.com/oncekit/oncekit/inbox", inbox.InstrumentationName)
+	require.Equal(t, "oncekit.subscriber", inbox.AttrSubscriber)
+}

@@ -95,6 +95,9 @@ func NewClock(tb testing.TB, q interface {
 	return c
 }
 
+// ClockAt returns a [Clock] set to at, for a test that needs no database's time.
+func ClockAt(at time.Time) *Clock { return &Clock{now: at} }
+
 // Now is the clock's time.
 func (c *Clock) Now() time.Time {
 	c.mu.Lock()
