@@ -13,6 +13,14 @@
 // the transaction committed (or failed) on the server while the client did not hear
 // which: the case a store must report as an unknown outcome.
 //
+// # Armed actions
+//
+// Beside its random plan, a proxy can be armed ([Proxy.Arm]) to act once after the n-th
+// round trip from now on: cut the connection after forwarding it, so the server runs
+// what it was sent and the client hears nothing ([CutAfter]), or drop every answer from
+// then on ([Blackhole]). [Proxy.Settle] waits for the sessions acted on to end, so a
+// test reads the truth only once their statements committed or rolled back.
+//
 // # Seeds
 //
 // Each connection draws its faults from a random source derived from the plan's seed
