@@ -2,7 +2,6 @@ package faultproxy_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -133,9 +132,9 @@ func TestSyncLost(t *testing.T) {
 // the statement, and Settle waits for the session to end.
 func TestArm(t *testing.T) {
 	ctx := context.Background()
-	for _, act := range []faultproxy.Action{faultproxy.CutAfter, faultproxy.Blackhole} {
+	for name, act := range map[string]faultproxy.Action{"CutAfter": faultproxy.CutAfter, "Blackhole": faultproxy.Blackhole} {
 		for _, mode := range pgtest.ExecModes {
-			t.Run(fmt.Sprintf("%d/%s", act, mode), func(t *testing.T) {
+			t.Run(name+"/"+mode.String(), func(t *testing.T) {
 				conn, p, count := proxied(t, faultproxy.Plan{}, mode)
 				_, err := conn.Exec(ctx, "INSERT INTO t VALUES (1)")
 				require.NoError(t, err)
