@@ -19,14 +19,9 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // setup migrates a ledger into a fresh schema with the tables the activities below use.
 func setup(t *testing.T) (*ledger.Ledger, *pgxpool.Pool) {
 	t.Helper()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := ledger.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `
+	pool, schema := pgtest.NewStore(t, pgtest.Migrator(ledger.Migrate), `
 		CREATE TABLE reservations (id bigserial PRIMARY KEY, order_id text NOT NULL, sku text NOT NULL, qty int NOT NULL);
 		CREATE TABLE provider_charges (id bigserial PRIMARY KEY, idempotency_key text UNIQUE, order_id text NOT NULL, amount bigint NOT NULL)`)
-	require.NoError(t, err)
 	l, err := ledger.New(pool, &ledger.Config{Schema: schema})
 	require.NoError(t, err)
 	return l, pool

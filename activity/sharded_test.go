@@ -25,21 +25,14 @@ import (
 // record, land on the shard of the tenant the activity carries.
 func TestSharded_ActivityAndSagaRecordOnTheTenantsShard(t *testing.T) {
 	t.Parallel()
-	if pgtest.IsCitus() {
-		t.Skip("shards are independent PostgreSQL clusters")
-	}
 	ctx := context.Background()
-	pools, schema, _ := pgtest.Shards(t, 2)
-	for _, p := range pools {
-		_, err := ledger.Migrate(ctx, p, schema)
-		require.NoError(t, err)
-		_, err = p.Exec(ctx, `CREATE TABLE reservations (id bigserial PRIMARY KEY, order_id text NOT NULL, sku text NOT NULL, qty int NOT NULL)`)
-		require.NoError(t, err)
-	}
-	r, err := shard.New([]shard.Shard{{Name: "a", Pool: pools[0]}, {Name: "b", Pool: pools[1]}},
+	s := pgtest.NewSharded(t, pgtest.Migrator(ledger.Migrate),
+		`CREATE TABLE reservations (id bigserial PRIMARY KEY, order_id text NOT NULL, sku text NOT NULL, qty int NOT NULL)`)
+	pools := []*pgxpool.Pool{s.A, s.B}
+	r, err := shard.New([]shard.Shard{{Name: "a", Pool: s.A}, {Name: "b", Pool: s.B}},
 		shard.Map(map[string]string{"acme": "a", "globex": "b"}, nil))
 	require.NoError(t, err)
-	l, err := ledger.NewSharded(r, &ledger.Config{Schema: schema})
+	l, err := ledger.NewSharded(r, &ledger.Config{Schema: s.Schema})
 	require.NoError(t, err)
 
 	envFor := func(tenant string) *ttestsuite.TestActivityEnvironment {

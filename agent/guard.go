@@ -21,8 +21,11 @@ import (
 	"github.com/oncekit/oncekit/ledger"
 )
 
-// Defaults of [Config], and the ledger operations the package writes under.
+// Defaults of [Config], the ledger operations the package writes under, and its
+// migration line.
 const (
+	// MigrationLine names the agent's line in the oncekit_migrations table.
+	MigrationLine = "agent"
 	// TaskLeaseDefault is how long a claimed task is owned without a heartbeat.
 	TaskLeaseDefault = time.Minute
 	// ApprovalTimeoutDefault is how long a frozen call waits for a decision before it
@@ -259,6 +262,8 @@ type call struct {
 	inv  Invocation
 }
 
+// prepare checks a call (nilFunc says the caller passed no function) and makes its
+// reference, intent and invocation.
 func (g *Guard) prepare(t *Task, step string, tool Tool, args json.RawMessage) (*call, error) {
 	ref, err := g.Ref(t.Tenant, t.ID, step, tool.Name)
 	if err != nil {

@@ -2,9 +2,9 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
+	"github.com/oncekit/oncekit/internal/config"
 	"github.com/oncekit/oncekit/ledger"
 )
 
@@ -13,16 +13,7 @@ import (
 // Purge the ledger too: a call's record and its frozen arguments expire together when
 // [Config].Retention equals the ledger's retention of [OperationTool].
 func (g *Guard) Purge(ctx context.Context, opts *ledger.PurgeOpts) (ledger.PurgeResult, error) {
-	o := ledger.PurgeOpts{}
-	if opts != nil {
-		o = *opts
-	}
-	if o.BatchSize == 0 {
-		o.BatchSize = ledger.PurgeBatchDefault
-	}
-	if o.BatchSize < 0 || o.MaxBatches < 0 || o.Pause < 0 {
-		return ledger.PurgeResult{}, errors.New("oncekit/agent: PurgeOpts values must not be negative")
-	}
+	o := config.Of(opts)
 	var res ledger.PurgeResult
 	var err error
 	res.Deleted, res.Batches, err = g.q.purge.Run(ctx, g.pool, o.BatchSize, o.MaxBatches, o.Pause, g.now())

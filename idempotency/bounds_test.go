@@ -5,60 +5,16 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
-	"runtime/metrics"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekit/oncekit/idempotency"
+	"github.com/oncekit/oncekit/internal/heappeak"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
 )
-
-// heapObjects is the metric behind runtime.MemStats.HeapAlloc: live objects and dead ones
-// the collector has not freed yet. Read through runtime/metrics it costs no pause.
-const heapObjects = "/memory/classes/heap/objects:bytes"
-
-// peakHeap runs f and returns the highest heap it saw above the heap before f, sampled
-// every 100µs, and the bytes allocated meanwhile (which bound the peak from above
-// whatever the collector does).
-func peakHeap(f func()) (peak, allocated uint64) {
-	runtime.GC()
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
-	sample := []metrics.Sample{{Name: heapObjects}}
-	metrics.Read(sample)
-	base := sample[0].Value.Uint64()
-	var top atomic.Uint64
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		s := []metrics.Sample{{Name: heapObjects}}
-		tick := time.NewTicker(100 * time.Microsecond)
-		defer tick.Stop()
-		for {
-			metrics.Read(s)
-			if v := s[0].Value.Uint64(); v > base && v-base > top.Load() {
-				top.Store(v - base)
-			}
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-		}
-	})
-	f()
-	close(done)
-	wg.Wait()
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
-	return top.Load(), after.TotalAlloc - before.TotalAlloc
-}
 
 // A handler that writes far more than can be stored has its Write refused once the
 // stored response would pass the limit, and the middleware holds no more than the
@@ -95,7 +51,7 @@ func TestMiddleware_OversizedResponseIsRefusedAsWritten(t *testing.T) {
 
 	var status int
 	var problem string
-	peak, allocated := peakHeap(func() {
+	peak, allocated := heappeak.Of(func() {
 		req, err := http.NewRequest(http.MethodPost, srv.URL+"/export", nil)
 		require.NoError(t, err)
 		req.Header.Set("Idempotency-Key", `"big"`)
@@ -123,33 +79,13 @@ func TestMiddleware_OversizedResponseIsRefusedAsWritten(t *testing.T) {
 	require.Zero(t, n, "nothing stored")
 }
 
-// testClock is a clock a test moves by hand, for the ledger's Config.Test.NowFunc.
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newTestClock() *testClock { return &testClock{now: time.Now().Truncate(time.Microsecond)} }
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *testClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // A retry that arrives after its record expired is a new intent and runs the handler
 // again: once. The test counts the handler's calls, not committed rows, since a call
 // that runs the handler twice still commits once, and a handler that calls a payment
 // API would charge twice.
 func TestMiddleware_RetryAfterExpiryRunsHandlerOnce(t *testing.T) {
 	t.Parallel()
-	clock := newTestClock()
+	clock := pgtest.ClockAt(time.Now().Truncate(time.Microsecond))
 	b := setupWithLedger(t, &ledger.Config{Retention: time.Hour, Test: ledger.TestConfig{NowFunc: clock.Now}}, nil)
 
 	first := b.post(t, "acme", `"late"`, `{"item":"book"}`)
@@ -157,7 +93,7 @@ func TestMiddleware_RetryAfterExpiryRunsHandlerOnce(t *testing.T) {
 	require.Equal(t, "true", b.post(t, "acme", `"late"`, `{"item":"book"}`).header.Get("Idempotency-Replayed"))
 	require.Equal(t, int64(1), b.handlerCalls())
 
-	clock.Add(time.Hour + time.Minute)
+	clock.Advance(time.Hour + time.Minute)
 	late := b.post(t, "acme", `"late"`, `{"item":"book"}`)
 	require.Equal(t, http.StatusCreated, late.status)
 	require.Empty(t, late.header.Get("Idempotency-Replayed"), "an expired record is absent")

@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncekit/oncekit/internal/config"
 	"github.com/oncekit/oncekit/internal/pipetx"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
@@ -172,12 +173,8 @@ func New(cfg *Config) (func(http.Handler) http.Handler, error) {
 			return nil, fmt.Errorf("oncekit/idempotency: Config.Methods lists %s, a safe method, which the middleware never guards: remove it", m)
 		}
 	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = MaxBodyDefault
-	}
-	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = MaxResponseDefault
-	}
+	c.MaxBodyBytes = config.Or(c.MaxBodyBytes, MaxBodyDefault)
+	c.MaxResponseBytes = config.Or(c.MaxResponseBytes, MaxResponseDefault)
 	if c.MaxBodyBytes < 0 || c.MaxResponseBytes < 0 {
 		return nil, errors.New("oncekit/idempotency: Config.MaxBodyBytes and MaxResponseBytes must not be negative; zero means the default")
 	}

@@ -54,12 +54,8 @@ func setupWithLedger(t *testing.T, lcfg *ledger.Config, configure func(*idempote
 // test's schema (nil: the test's own pool).
 func setupOn(t *testing.T, lcfg *ledger.Config, configure func(*idempotency.Config), ledgerPool func(schema string) *pgxpool.Pool) *bundle {
 	t.Helper()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := ledger.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text NOT NULL, item text NOT NULL)`)
-	require.NoError(t, err)
+	pool, schema := pgtest.NewStore(t, pgtest.Migrator(ledger.Migrate),
+		`CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text NOT NULL, item text NOT NULL)`)
 	lc := *lcfg
 	lc.Schema = schema
 	lp := pool

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -55,25 +54,17 @@ type icall struct {
 func TestHistoryInbox(t *testing.T) {
 	ctx := context.Background()
 	run := history.Start(t, "./inbox", 5*time.Second)
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, pool, schema)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `CREATE TABLE effects (call_id bigint PRIMARY KEY, subscriber text NOT NULL, message text NOT NULL)`)
-	require.NoError(t, err)
+	pool, schema := pgtest.NewStore(t, pgtest.Migrator(migrate.Up),
+		`CREATE TABLE effects (call_id bigint PRIMARY KEY, subscriber text NOT NULL, message text NOT NULL)`)
 	log := history.NewLog()
 
-	cfg, err := pgconn.ParseConfig(pgtest.URL(t))
-	require.NoError(t, err)
-	network, addr := faultproxy.Target(cfg)
-	proxy, err := faultproxy.New(network, addr, faultproxy.Plan{Seed: run.Seed, Cut: 0.003, CutAnswer: 0.002, HalfClose: 0.002,
+	proxy := faultproxy.Start(t, pgtest.URL(t), faultproxy.Plan{Seed: run.Seed, Cut: 0.003, CutAnswer: 0.002, HalfClose: 0.002,
 		Delay: 0.02, CommitLost: 0.04, CommitFatal: 0.04,
 		FaultFunc: func(kind string, conn int, detail string) {
 			if kind != faultproxy.Delay {
 				log.Add(history.Event{Client: -1, Kind: "fault", Op: "tcp " + kind, Detail: fmt.Sprintf("conn %d %s", conn, detail)})
 			}
 		}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = proxy.Close() })
 
 	inboxes := map[string]*inbox.Inbox{}
 	var names []string

@@ -21,16 +21,16 @@ import (
 	"github.com/oncekit/oncekit/shard"
 )
 
-// Defaults of [Config] and [PurgeOpts].
+// Defaults of [Config], and the inbox's migration line.
 const (
 	// SchemaDefault is the schema the inbox's table lives in: the schema of every
 	// oncekit table.
 	SchemaDefault = config.SchemaDefault
+	// MigrationLine names the inbox's line in the oncekit_migrations table.
+	MigrationLine = "inbox"
 	// RetentionDefault is how long handled messages are remembered: longer than any
 	// broker keeps redelivering, and as long as the ledger keeps its records.
 	RetentionDefault = 30 * 24 * time.Hour
-	// PurgeBatchDefault is how many records one purge statement deletes at most.
-	PurgeBatchDefault = config.PurgeBatchDefault
 )
 
 // Mode is when a message's record is answered, relative to the handler.
@@ -470,36 +470,13 @@ func newQueries(schema string) queries {
 	}
 }
 
-// PurgeOpts are options of [Inbox.Purge]. A nil *PurgeOpts means all defaults.
-type PurgeOpts struct {
-	// BatchSize is the most records one statement deletes, which bounds how long it
-	// holds locks. Defaults to [PurgeBatchDefault].
-	BatchSize int
-	// MaxBatches stops the purge after this many statements; 0 runs until no expired
-	// record is left. Defaults to 0.
-	MaxBatches int
-	// Pause is how long the purge waits between two statements, which leaves a core,
-	// the disk and the WAL to the traffic the purge runs beside. Defaults to 0: no
-	// pause.
-	Pause time.Duration
-}
-
-// PurgeResult reports what [Inbox.Purge] deleted.
-type PurgeResult struct {
-	Deleted int64
-	Batches int
-}
-
 // Purge deletes expired records in batches, oldest first, on every shard in turn; many
 // purgers may run at once.
-func (ib *Inbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
+func (ib *Inbox) Purge(ctx context.Context, opts *ledger.PurgeOpts) (ledger.PurgeResult, error) {
 	o := config.Of(opts)
-	if o.BatchSize < 0 || o.MaxBatches < 0 || o.Pause < 0 {
-		return PurgeResult{}, errors.New("oncekit/inbox: PurgeOpts values must not be negative")
-	}
-	var res PurgeResult
+	var res ledger.PurgeResult
 	err := ib.r.Each(func(s shard.Shard) error {
-		deleted, batches, err := ib.q.purge.Run(ctx, s.Pool, config.Or(o.BatchSize, PurgeBatchDefault), o.MaxBatches, o.Pause)
+		deleted, batches, err := ib.q.purge.Run(ctx, s.Pool, o.BatchSize, o.MaxBatches, o.Pause)
 		res.Deleted, res.Batches = res.Deleted+deleted, res.Batches+batches
 		ib.tel.purge(ctx, deleted)
 		return err

@@ -24,12 +24,8 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func setup(t *testing.T) (*inbox.Inbox, *pgxpool.Pool) {
 	t.Helper()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, pool, schema)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `CREATE TABLE credits (id bigserial PRIMARY KEY, message text NOT NULL, amount bigint NOT NULL)`)
-	require.NoError(t, err)
+	pool, schema := pgtest.NewStore(t, pgtest.Migrator(migrate.Up),
+		`CREATE TABLE credits (id bigserial PRIMARY KEY, message text NOT NULL, amount bigint NOT NULL)`)
 	ib, err := inbox.New(pool, &inbox.Config{Schema: schema})
 	require.NoError(t, err)
 	return ib, pool
@@ -181,7 +177,7 @@ func TestInbox_BadInputAndPurge(t *testing.T) {
 	}
 	_, err = pool.Exec(ctx, `UPDATE inbox_messages SET expires_at = now() - interval '1 second'`)
 	require.NoError(t, err)
-	purged, err := ib.Purge(ctx, &inbox.PurgeOpts{BatchSize: 7})
+	purged, err := ib.Purge(ctx, &ledger.PurgeOpts{BatchSize: 7})
 	require.NoError(t, err)
 	require.Equal(t, int64(30), purged.Deleted)
 	require.Equal(t, 5, purged.Batches, "30 records in batches of 7")
@@ -214,12 +210,12 @@ func TestInbox_PurgePause(t *testing.T) {
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type outcome struct {
-		res inbox.PurgeResult
+		res ledger.PurgeResult
 		err error
 	}
 	done := make(chan outcome, 1)
 	go func() {
-		res, err := ib.Purge(pctx, &inbox.PurgeOpts{BatchSize: 2, Pause: time.Hour})
+		res, err := ib.Purge(pctx, &ledger.PurgeOpts{BatchSize: 2, Pause: time.Hour})
 		done <- outcome{res, err}
 	}()
 	require.Eventually(t, func() bool {
@@ -230,10 +226,20 @@ func TestInbox_PurgePause(t *testing.T) {
 	select {
 	case o := <-done:
 		require.ErrorIs(t, o.err, context.Canceled)
-		require.Equal(t, inbox.PurgeResult{Deleted: 2, Batches: 1}, o.res)
+		require.Equal(t, ledger.PurgeResult{Deleted: 2, Batches: 1}, o.res)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the purge did not end when its context was cancelled during a pause")
 	}
-	_, err = ib.Purge(ctx, &inbox.PurgeOpts{Pause: -time.Second})
+	_, err = ib.Purge(ctx, &ledger.PurgeOpts{Pause: -time.Second})
 	require.Error(t, err, "a negative pause is refused")
+}
+
+// The values the documentation states and the dashboards and alerts filter on: changing
+// one breaks users, so it goes in the CHANGELOG, and this test says so first.
+func TestDocumentedValues(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "oncekit", inbox.SchemaDefault)
+	require.Equal(t, "inbox", inbox.MigrationLine)
+	require.Equal(t, "github.com/oncekit/oncekit/inbox", inbox.InstrumentationName)
+	require.Equal(t, "oncekit.subscriber", inbox.AttrSubscriber)
 }

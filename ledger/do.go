@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncekit/oncekit/internal/faultpoint"
 	"github.com/oncekit/oncekit/internal/pgsql"
@@ -138,24 +139,33 @@ type DoOpts struct {
 // not run.
 func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (res Result, err error) {
 	ctx, c := l.tel.begin(ctx, "Do", in.Scope)
-	defer func() {
-		c.end(doOutcome(res, err), err)
-		err = l.named(in.Scope.Tenant, err)
-	}()
+	defer l.endCall(c, in.Scope.Tenant, l.named, &res, &err)
 	o := doOpts(opts)
 	if err := l.precheck(ctx, in, fn, o); err != nil {
 		return Result{}, err
 	}
-	pool, err := l.r.Pool(in.Scope.Tenant)
-	if err != nil {
-		return Result{}, err
-	}
-	conn, err := pool.Acquire(ctx)
+	conn, err := l.acquire(ctx, in.Scope.Tenant)
 	if err != nil {
 		return Result{}, err
 	}
 	defer conn.Release()
 	return l.do(ctx, in, fn, o, &ownTx{l: l, conn: conn.Conn()})
+}
+
+// endCall ends the telemetry of a call that returns a [Result] with the call's outcome,
+// then lets name name the tenant's shard in its error.
+func (l *Ledger) endCall(c call, tenant string, name func(string, error) error, res *Result, err *error) {
+	c.end(doOutcome(*res, *err), *err)
+	*err = name(tenant, *err)
+}
+
+// acquire takes a connection of the tenant's shard.
+func (l *Ledger) acquire(ctx context.Context, tenant string) (*pgxpool.Conn, error) {
+	pool, err := l.r.Pool(tenant)
+	if err != nil {
+		return nil, err
+	}
+	return pool.Acquire(ctx)
 }
 
 // DoTx is [Ledger.Do] inside a transaction the caller holds: the claim, fn's writes and
@@ -174,10 +184,7 @@ func (l *Ledger) Do(ctx context.Context, in Intent, fn Func, opts *DoOpts) (res 
 // claim: ModeOptimistic in Do, or [Ledger.Claim].
 func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, in Intent, fn Func, opts *DoOpts) (res Result, err error) {
 	ctx, c := l.tel.begin(ctx, "DoTx", in.Scope)
-	defer func() {
-		c.end(doOutcome(res, err), err)
-		err = l.named(in.Scope.Tenant, err)
-	}()
+	defer l.endCall(c, in.Scope.Tenant, l.named, &res, &err)
 	o := doOpts(opts)
 	if err := l.precheck(ctx, in, fn, o); err != nil {
 		return Result{}, err

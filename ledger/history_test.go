@@ -105,7 +105,7 @@ type histEnv struct {
 	t       *testing.T
 	run     history.Run
 	log     *history.Log
-	clock   *stubClock
+	clock   *pgtest.Clock
 	ledgers map[string]*ledger.Ledger // by exec mode
 	execs   []string
 	pools   []*pgxpool.Pool // a pool on each shard
@@ -155,24 +155,13 @@ func TestHistoryLedger(t *testing.T) {
 // spread over a tenant on each, with the second shard crash-restarted now and then
 // besides the other faults.
 func TestHistoryLedgerSharded(t *testing.T) {
-	if pgtest.IsCitus() {
-		t.Skip("shards are independent PostgreSQL clusters; the Citus run covers one cluster")
-	}
-	ctx := context.Background()
+	s := pgtest.NewSharded(t, migrateLedger, histEffectsTable)
 	run := history.Start(t, "./ledger", 10*time.Second)
-	pools, schema, clusters := pgtest.Shards(t, 2)
-	urls := []string{pgtest.URL(t), clusters[0].ConnString()}
-	var dbNow time.Time
-	require.NoError(t, pools[0].QueryRow(ctx, "SELECT now()").Scan(&dbNow))
-	e := &histEnv{t: t, run: run, log: history.NewLog(), clock: &stubClock{now: dbNow}, ledgers: map[string]*ledger.Ledger{},
-		pools: pools, schema: schema, crash: clusters[0]}
+	pools := []*pgxpool.Pool{s.A, s.B}
+	urls := []string{pgtest.URL(t), s.Cluster.ConnString()}
+	e := &histEnv{t: t, run: run, log: history.NewLog(), clock: pgtest.NewClock(t, s.A), ledgers: map[string]*ledger.Ledger{},
+		pools: pools, schema: s.Schema, crash: s.Cluster}
 	names := []string{"a", "b"}
-	for _, p := range pools {
-		_, err := ledger.Migrate(ctx, p, schema)
-		require.NoError(t, err)
-		_, err = p.Exec(ctx, histEffectsTable)
-		require.NoError(t, err)
-	}
 	pick := shard.Hash(names...)
 	for _, want := range names {
 		for i := 0; ; i++ {
@@ -222,18 +211,13 @@ func (e *histEnv) proxy(url string) *faultproxy.Proxy {
 	if p, ok := e.proxies[url]; ok {
 		return p
 	}
-	cfg, err := pgconn.ParseConfig(url)
-	require.NoError(e.t, err)
 	plan := histFaults(e.run.Seed + uint64(len(e.proxies)))
 	plan.FaultFunc = func(kind string, conn int, detail string) {
 		if kind != faultproxy.Delay {
 			e.log.Add(history.Event{Client: -1, Kind: "fault", Op: "tcp " + kind, Detail: fmt.Sprintf("conn %d %s", conn, detail)})
 		}
 	}
-	network, addr := faultproxy.Target(cfg)
-	p, err := faultproxy.New(network, addr, plan)
-	require.NoError(e.t, err)
-	e.t.Cleanup(func() { _ = p.Close() })
+	p := faultproxy.Start(e.t, url, plan)
 	if e.proxies == nil {
 		e.proxies = map[string]*faultproxy.Proxy{}
 	}

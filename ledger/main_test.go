@@ -4,9 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,22 +21,29 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 type testBundle struct {
 	pool   *pgxpool.Pool
 	schema string
-	clock  *stubClock
+	clock  *pgtest.Clock
 }
+
+// ordersDDL is the business table the tests write beside their records.
+const ordersDDL = `CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text NOT NULL, item text NOT NULL, amount bigint NOT NULL)`
+
+// migrateLedger applies the ledger's migrations alone.
+var migrateLedger = pgtest.Migrator(ledger.Migrate)
 
 // setup migrates the ledger into a fresh schema with an "orders" business table and a
 // stubbed clock that starts at the database's time.
 func setup(t testing.TB, cfg *ledger.Config) (*ledger.Ledger, *testBundle) {
 	t.Helper()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := ledger.Migrate(ctx, pool, schema)
+	pool, schema := pgtest.NewStore(t, migrateLedger, ordersDDL)
+	clock := pgtest.NewClock(t, pool)
+	l, err := ledger.New(pool, testConfig(cfg, schema, clock))
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text NOT NULL, item text NOT NULL, amount bigint NOT NULL)`)
-	require.NoError(t, err)
-	var dbNow time.Time
-	require.NoError(t, pool.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
-	clock := &stubClock{now: dbNow}
+	return l, &testBundle{pool: pool, schema: schema, clock: clock}
+}
+
+// testConfig is cfg (nil: the defaults) on schema, with clock as the ledger's time
+// unless cfg brings a clock of its own.
+func testConfig(cfg *ledger.Config, schema string, clock *pgtest.Clock) *ledger.Config {
 	c := ledger.Config{}
 	if cfg != nil {
 		c = *cfg
@@ -47,26 +52,7 @@ func setup(t testing.TB, cfg *ledger.Config) (*ledger.Ledger, *testBundle) {
 	if c.Test.NowFunc == nil {
 		c.Test.NowFunc = clock.Now
 	}
-	l, err := ledger.New(pool, &c)
-	require.NoError(t, err)
-	return l, &testBundle{pool: pool, schema: schema, clock: clock}
-}
-
-type stubClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *stubClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *stubClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
+	return &c
 }
 
 // order is a business request.

@@ -14,10 +14,7 @@ var migrationFiles embed.FS
 // Migrations returns the ledger's migration line as plain SQL files named NNN_name.sql,
 // for use with another migration tool. Run each with search_path set to oncekit's schema.
 // Package migrate applies every feature's line, this one first.
-func Migrations() fs.FS {
-	sub, _ := fs.Sub(migrationFiles, "migrations")
-	return sub
-}
+func Migrations() fs.FS { return migrate.Dir(migrationFiles) }
 
 // MigrateResult reports what [Migrate] did.
 type MigrateResult struct {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -85,6 +86,7 @@ func TestChange_Release(t *testing.T) {
 		_, err = l.Change(ctx, ledger.ActionRelease, in.Scope, in.Key, operator)
 		var wrong *ledger.WrongStateError
 		require.ErrorAs(t, err, &wrong)
+		require.ErrorIs(t, err, ledger.ErrWrongState)
 		require.Contains(t, err.Error(), "evict it instead")
 		_, err = l.Change(ctx, ledger.ActionEvict, in.Scope, "absent", operator)
 		require.ErrorIs(t, err, ledger.ErrNotFound)
@@ -94,7 +96,8 @@ func TestChange_Release(t *testing.T) {
 		t.Parallel()
 		l, _ := setup(t, nil)
 		in := intent(t, "acme", "order-2", order{Item: "lamp", Amount: 1})
-		for _, o := range []*ledger.ChangeOpts{nil, {Actor: "a"}, {Reason: "r"}, {Actor: "a", Reason: "bad\x00"}} {
+		for _, o := range []*ledger.ChangeOpts{nil, {Actor: "a"}, {Reason: "r"}, {Actor: "a", Reason: "bad\x00"},
+			{Actor: strings.Repeat("a", ledger.MaxActorLen+1), Reason: "r"}, {Actor: "a", Reason: strings.Repeat("r", ledger.MaxReasonLen+1)}} {
 			_, err := l.Change(ctx, ledger.ActionEvict, in.Scope, in.Key, o)
 			require.ErrorIs(t, err, ledger.ErrNoReason)
 		}
@@ -141,6 +144,7 @@ func TestChange_ExpectRefusesAChangedRecord(t *testing.T) {
 	_, err = l.Change(ctx, ledger.ActionRelease, in.Scope, in.Key, &o)
 	var changed *ledger.RecordChangedError
 	require.ErrorAs(t, err, &changed)
+	require.ErrorIs(t, err, ledger.ErrRecordChanged)
 	require.Equal(t, second.Lease.Token, changed.Current.OwnerToken)
 	audit, err := l.Audit(ctx, in.Scope, in.Key)
 	require.NoError(t, err)

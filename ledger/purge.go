@@ -2,36 +2,41 @@ package ledger
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncekit/oncekit/internal/config"
 	"github.com/oncekit/oncekit/shard"
 )
 
-// PurgeBatchDefault is how many records one purge statement deletes at most.
-const PurgeBatchDefault = 1000
+// PurgeBatchDefault is how many rows one purge statement deletes at most.
+const PurgeBatchDefault = config.PurgeBatchDefault
 
-// PurgeOpts are options of [Ledger.Purge]. A nil *PurgeOpts means all defaults.
+// PurgeOpts are the options of every oncekit purge: [Ledger.Purge] and the Purge of the
+// inbox, the outbox and the agent's guard, which take this one type. A nil *PurgeOpts
+// means all defaults; a negative value is refused before anything is deleted.
 type PurgeOpts struct {
-	// BatchSize is the most records one statement deletes, which bounds how long it
+	// BatchSize is the most rows one statement deletes, which bounds how long it
 	// holds locks. Defaults to [PurgeBatchDefault].
 	BatchSize int
 	// MaxBatches stops the purge after this many statements (on each shard, for a
-	// ledger on several); 0 runs until no expired record is left. Defaults to 0.
+	// store on several); 0 runs until nothing purgeable is left. Defaults to 0.
 	MaxBatches int
 	// Pause is how long the purge waits between two statements. A purge of millions of
-	// records that never pauses takes a core, the disk and the WAL from the traffic it
+	// rows that never pauses takes a core, the disk and the WAL from the traffic it
 	// runs beside; see the operating guide for figures. Defaults to 0: no pause.
 	Pause time.Duration
 }
 
-// PurgeResult reports what [Ledger.Purge] deleted.
+// PurgeResult reports what a purge deleted: [Ledger.Purge] and every other Purge that
+// takes [PurgeOpts].
 type PurgeResult struct {
+	// Deleted is how many rows the purge deleted.
 	Deleted int64
+	// Batches is how many delete statements it ran, over every shard.
 	Batches int
 }
 
@@ -56,16 +61,7 @@ func (l *Ledger) PurgeTx(ctx context.Context, tx pgx.Tx, opts *PurgeOpts) (Purge
 }
 
 func (l *Ledger) purge(ctx context.Context, q querier, opts *PurgeOpts) (PurgeResult, error) {
-	o := PurgeOpts{}
-	if opts != nil {
-		o = *opts
-	}
-	if o.BatchSize == 0 {
-		o.BatchSize = PurgeBatchDefault
-	}
-	if o.BatchSize < 0 || o.MaxBatches < 0 || o.Pause < 0 {
-		return PurgeResult{}, errors.New("oncekit/ledger: PurgeOpts values must not be negative")
-	}
+	o := config.Of(opts)
 	var res PurgeResult
 	var err error
 	res.Deleted, res.Batches, err = l.q.purge.Run(ctx, q, o.BatchSize, o.MaxBatches, o.Pause, l.now())

@@ -4,19 +4,14 @@ package ledger_test
 // the documented contract: once a commit is sent, a call answers committed (nil),
 // rolled back (any other error) or unknown (ledger.ErrOutcomeUnknown), and a retry with
 // the same key settles an unknown one with one effect. Faults come from a TCP proxy
-// that cuts the connection or drops the server's answers after a chosen round trip,
-// and from held commits (pgtest.NewHeld) whose backend is terminated.
+// (internal/faultproxy) that cuts the connection or drops the server's answers after a
+// chosen round trip, and from held commits (pgtest.NewHeld) whose backend is
+// terminated.
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekit/oncekit/internal/faultproxy"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
@@ -40,27 +36,27 @@ func rtIntent(k string) ledger.Intent {
 }
 
 // rtEnv is a migrated schema with an effects table, a ledger on a direct pool (the
-// truth, read on fresh connections) and one through the proxy.
+// truth, read on fresh connections) and one through a fault proxy that, armed, cuts the
+// connection or drops every answer after a chosen round trip (a simple Query or a
+// Sync).
 type rtEnv struct {
 	schema string
 	direct *pgxpool.Pool
 	L      *ledger.Ledger
-	px     *rtProxy
+	px     *faultproxy.Proxy
 	PL     *ledger.Ledger
 }
 
 func rtNewEnv(t *testing.T) *rtEnv {
 	t.Helper()
-	ctx := context.Background()
-	direct, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, direct, schema)
-	require.NoError(t, err)
-	_, err = direct.Exec(ctx, `CREATE TABLE effects (k text NOT NULL)`)
-	require.NoError(t, err)
+	direct, schema := pgtest.NewStore(t, pgtest.Migrator(migrate.Up), `CREATE TABLE effects (k text NOT NULL)`)
 	L, err := ledger.New(direct, &ledger.Config{Schema: schema})
 	require.NoError(t, err)
-	px := rtNewProxy(t)
-	PL, err := ledger.New(px.pool(t, schema), &ledger.Config{Schema: schema})
+	px := faultproxy.Start(t, pgtest.URL(t), faultproxy.Plan{})
+	PL, err := ledger.New(pgtest.Pool(t, schema, func(c *pgxpool.Config) {
+		c.MaxConns = 4
+		px.Route(&c.ConnConfig.Config)
+	}), &ledger.Config{Schema: schema})
 	require.NoError(t, err)
 	return &rtEnv{schema: schema, direct: direct, L: L, px: px, PL: PL}
 }
@@ -124,20 +120,22 @@ func TestRedteamDoLostCommitAnswer(t *testing.T) {
 	for _, mode := range rtModes {
 		for n := 1; ; n++ {
 			k := fmt.Sprintf("cut-%d-%d", mode, n)
-			e.px.arm(rtCutAfter, n)
+			e.px.Arm(faultproxy.CutAfter, n, false)
 			var calls atomic.Int32
 			_, err := e.PL.Do(ctx, rtIntent(k), rtEffect(k, &calls), &ledger.DoOpts{Mode: mode})
-			fired, at := e.px.disarm()
+			fired, at := e.px.Disarm()
 			if !fired {
 				if err != nil {
 					// A connection an earlier round cut may still sit in the pool: the call
 					// met it, and is judged as any other.
-					e.px.settle(t, e.direct)
+					e.px.Settle(t, e.direct)
 					e.checkDo(t, fmt.Sprintf("mode %v, a pooled connection cut earlier", mode), k, mode, err)
 				}
+				// Do makes at least three round trips in every mode: the proxy cut two.
+				require.Greater(t, n, 2, "mode %v: the proxy cut too few of Do's round trips", mode)
 				break
 			}
-			e.px.settle(t, e.direct)
+			e.px.Settle(t, e.direct)
 			e.checkDo(t, fmt.Sprintf("mode %v, cut after round trip %d (%.60q)", mode, n, at), k, mode, err)
 		}
 		for _, how := range []string{"terminate", "cancel"} {
@@ -254,7 +252,7 @@ func TestRedteamRollbackAnswerLostReturns(t *testing.T) {
 				e := rtNewEnv(t)
 				for n := 1; ; n++ {
 					k := fmt.Sprintf("bh-%d", n)
-					e.px.arm(rtBlackhole, n)
+					e.px.Arm(faultproxy.Blackhole, n, false)
 					cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 					done := make(chan error, 1)
 					go func() {
@@ -265,274 +263,20 @@ func TestRedteamRollbackAnswerLostReturns(t *testing.T) {
 					select {
 					case err = <-done:
 					case <-time.After(10 * time.Second):
-						_, at := e.px.disarm()
-						e.px.closeAll()
+						_, at := e.px.Disarm()
+						e.px.CloseConns()
 						err = <-done
 						cancel()
 						t.Fatalf("answers lost after round trip %d (%.60q): Do returned only when the connection was closed, 10s after its context's deadline (%v)", n, at, err)
 					}
 					require.Error(t, err, "fn failed, so Do cannot succeed")
 					cancel()
-					if fired, _ := e.px.disarm(); !fired {
+					if fired, _ := e.px.Disarm(); !fired {
+						require.Greater(t, n, 1, "the proxy blackholed none of Do's round trips")
 						return
 					}
 				}
 			})
 		}
 	}
-}
-
-// rtProxy is a TCP proxy in front of the test server that reads the client's
-// messages and, when armed, acts at the n-th round trip (a simple Query or a Sync)
-// after arming: it forwards the round trip and then either cuts both sockets, or
-// keeps forwarding what the client sends and drops every answer (a blackhole).
-type rtProxy struct {
-	ln net.Listener
-
-	mu      sync.Mutex
-	upNet   string
-	upAddr  string
-	act     rtAction
-	left    int
-	fired   bool
-	firedAt string
-	cut     []int // backends of the connections acted on
-	conns   []net.Conn
-}
-
-type rtAction int
-
-const (
-	rtNone rtAction = iota
-	rtCutAfter
-	rtBlackhole
-)
-
-func rtNewProxy(t *testing.T) *rtProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &rtProxy{ln: ln}
-	go p.accept()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.closeAll()
-	})
-	return p
-}
-
-// pool opens a pool on schema whose connections go through the proxy.
-func (p *rtProxy) pool(t *testing.T, schema string) *pgxpool.Pool {
-	return pgtest.Pool(t, schema, func(c *pgxpool.Config) {
-		c.MaxConns = 4
-		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			// A cancel request dials the address the connection reached, the
-			// proxy's: only the first dial names the server.
-			p.mu.Lock()
-			if p.upNet == "" {
-				p.upNet, p.upAddr = network, addr
-			}
-			p.mu.Unlock()
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", p.ln.Addr().String())
-		}
-	})
-}
-
-func (p *rtProxy) arm(a rtAction, n int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.act, p.left, p.fired, p.firedAt = a, n, false, ""
-}
-
-// disarm reports whether the proxy acted, and on which statements.
-func (p *rtProxy) disarm() (bool, string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.act = rtNone
-	return p.fired, p.firedAt
-}
-
-func (p *rtProxy) closeAll() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-}
-
-func (p *rtProxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		network, addr := p.upNet, p.upAddr
-		p.mu.Unlock()
-		up, err := net.Dial(network, addr)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, up)
-		p.mu.Unlock()
-		pc := &rtConn{p: p, client: c, server: up, stmts: map[string]string{}, portals: map[string]string{}}
-		go pc.serverToClient()
-		go pc.clientToServer()
-	}
-}
-
-type rtConn struct {
-	p              *rtProxy
-	client, server net.Conn
-	mu             sync.Mutex
-	drop           bool
-	pid            int
-	stmts, portals map[string]string
-	pending        []string
-}
-
-func rtReadMsg(r io.Reader) (byte, []byte, error) {
-	var h [5]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return 0, nil, err
-	}
-	msg := make([]byte, int(binary.BigEndian.Uint32(h[1:]))-4)
-	_, err := io.ReadFull(r, msg)
-	return h[0], append(h[:], msg...), err
-}
-
-func rtCString(b []byte) (string, []byte) {
-	i := bytes.IndexByte(b, 0)
-	if i < 0 {
-		return string(b), nil
-	}
-	return string(b[:i]), b[i+1:]
-}
-
-func (c *rtConn) serverToClient() {
-	defer c.client.Close()
-	for {
-		typ, raw, err := rtReadMsg(c.server)
-		if err != nil {
-			return
-		}
-		c.mu.Lock()
-		if typ == 'K' && len(raw) >= 9 {
-			c.pid = int(binary.BigEndian.Uint32(raw[5:]))
-		}
-		drop := c.drop
-		c.mu.Unlock()
-		if !drop {
-			if _, err := c.client.Write(raw); err != nil {
-				return
-			}
-		}
-	}
-}
-
-func (c *rtConn) clientToServer() {
-	defer c.server.Close()
-	// The startup message (or a cancel request) has no type byte.
-	var hdr [4]byte
-	if _, err := io.ReadFull(c.client, hdr[:]); err != nil {
-		return
-	}
-	body := make([]byte, int(binary.BigEndian.Uint32(hdr[:]))-4)
-	if _, err := io.ReadFull(c.client, body); err != nil {
-		return
-	}
-	if _, err := c.server.Write(append(hdr[:], body...)); err != nil {
-		return
-	}
-	var out []byte
-	for {
-		typ, raw, err := rtReadMsg(c.client)
-		if err != nil {
-			return
-		}
-		body := raw[5:]
-		roundTrip := false
-		switch typ {
-		case 'Q':
-			q, _ := rtCString(body)
-			c.pending = append(c.pending, q)
-			roundTrip = true
-		case 'P':
-			name, rest := rtCString(body)
-			c.stmts[name], _ = rtCString(rest)
-		case 'B':
-			portal, rest := rtCString(body)
-			stmt, _ := rtCString(rest)
-			c.portals[portal] = c.stmts[stmt]
-		case 'E':
-			portal, _ := rtCString(body)
-			c.pending = append(c.pending, c.portals[portal])
-		case 'S':
-			roundTrip = true
-		}
-		out = append(out, raw...)
-		if !roundTrip && typ != 'X' && typ != 'H' {
-			continue
-		}
-		act := rtNone
-		if roundTrip {
-			p := c.p
-			p.mu.Lock()
-			if p.act != rtNone {
-				p.left--
-				if p.left == 0 {
-					act, p.act, p.fired = p.act, rtNone, true
-					p.firedAt = strings.Join(c.pending, "; ")
-					c.mu.Lock()
-					p.cut = append(p.cut, c.pid)
-					c.mu.Unlock()
-				}
-			}
-			p.mu.Unlock()
-			c.pending = nil
-		}
-		if _, err := c.server.Write(out); err != nil {
-			return
-		}
-		out = out[:0]
-		switch act {
-		case rtCutAfter:
-			c.mu.Lock()
-			c.drop = true
-			c.mu.Unlock()
-			_ = c.client.Close()
-			// The server reads what it was sent, then the end of the stream.
-			if cw, ok := c.server.(interface{ CloseWrite() error }); ok {
-				_ = cw.CloseWrite()
-			}
-			_, _ = io.Copy(io.Discard, c.server)
-			return
-		case rtBlackhole:
-			c.mu.Lock()
-			c.drop = true
-			c.mu.Unlock()
-			_, _ = io.Copy(c.server, c.client)
-			return
-		}
-	}
-}
-
-// settle waits until the backends of the connections the proxy acted on have
-// ended, so that a statement they were sent has committed or rolled back before
-// the truth is read.
-func (p *rtProxy) settle(t *testing.T, db *pgxpool.Pool) {
-	t.Helper()
-	p.mu.Lock()
-	pids := p.cut
-	p.cut = nil
-	p.mu.Unlock()
-	ctx := context.Background()
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids).Scan(&n))
-		return n == 0
-	}, 20*time.Second, 2*time.Millisecond)
 }

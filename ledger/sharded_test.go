@@ -23,7 +23,7 @@ type shardedBundle struct {
 	router *shard.Router
 	pools  map[string]*pgxpool.Pool
 	b      *pgtest.Cluster
-	clock  *stubClock
+	clock  *pgtest.Clock
 }
 
 // tenantsOn lists n tenants that the router places on shard name.
@@ -43,32 +43,15 @@ func (sb *shardedBundle) tenantsOn(t testing.TB, name string, n int) []string {
 
 func setupSharded(t *testing.T, cfg *ledger.Config) (*ledger.Ledger, *shardedBundle) {
 	t.Helper()
-	if pgtest.IsCitus() {
-		t.Skip("shards are independent PostgreSQL clusters; the Citus run covers one cluster")
-	}
-	ctx := context.Background()
-	pools, schema, clusters := pgtest.Shards(t, 2)
-	poolA, poolB := pools[0], pools[1]
-	router, err := shard.New([]shard.Shard{{Name: "a", Pool: poolA}, {Name: "b", Pool: poolB}}, nil)
+	s := pgtest.NewSharded(t, migrateLedger, ordersDDL)
+	router, err := shard.New([]shard.Shard{{Name: "a", Pool: s.A}, {Name: "b", Pool: s.B}}, nil)
 	require.NoError(t, err)
-	for _, p := range []*pgxpool.Pool{poolA, poolB} {
-		_, err := ledger.Migrate(ctx, p, schema)
-		require.NoError(t, err)
-		_, err = p.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, tenant text NOT NULL, item text NOT NULL, amount bigint NOT NULL)`)
-		require.NoError(t, err)
-	}
-	var dbNow time.Time
-	require.NoError(t, poolA.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
-	clock := &stubClock{now: dbNow}
-	c := ledger.Config{}
-	if cfg != nil {
-		c = *cfg
-	}
-	c.Schema = schema
+	clock := pgtest.NewClock(t, s.A)
+	c := testConfig(cfg, s.Schema, clock)
 	c.Test.NowFunc = clock.Now
-	l, err := ledger.NewSharded(router, &c)
+	l, err := ledger.NewSharded(router, c)
 	require.NoError(t, err)
-	return l, &shardedBundle{router: router, pools: map[string]*pgxpool.Pool{"a": poolA, "b": poolB}, b: clusters[0], clock: clock}
+	return l, &shardedBundle{router: router, pools: s.Pools, b: s.Cluster, clock: clock}
 }
 
 // Each tenant's record and business write land on its shard alone, a retry replays

@@ -81,10 +81,7 @@ type StatementOpts struct {
 // which refuses the subqueries of its INSERT.
 func (l *Ledger) DoStatement(ctx context.Context, in Intent, st Statement, opts *StatementOpts) (res Result, err error) {
 	ctx, c := l.tel.begin(ctx, "DoStatement", in.Scope)
-	defer func() {
-		c.end(doOutcome(res, err), err)
-		err = l.r.Name(in.Scope.Tenant, err)
-	}()
+	defer l.endCall(c, in.Scope.Tenant, l.r.Name, &res, &err)
 	o := StatementOpts{}
 	if opts != nil {
 		o = *opts
@@ -101,11 +98,7 @@ func (l *Ledger) DoStatement(ctx context.Context, in Intent, st Statement, opts 
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
-	pool, err := l.r.Pool(in.Scope.Tenant)
-	if err != nil {
-		return Result{}, err
-	}
-	conn, err := pool.Acquire(ctx)
+	conn, err := l.acquire(ctx, in.Scope.Tenant)
 	if err != nil {
 		return Result{}, err
 	}

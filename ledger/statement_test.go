@@ -150,10 +150,12 @@ func TestDoStatement_TakenKeyNeverRunsTheStatement(t *testing.T) {
 	})
 }
 
-// One round trip for a first execution and one for a replay, with the statement
-// prepared on the connection; a replay leaves the connection's statements prepared.
-func TestDoStatement_RoundTrips(t *testing.T) {
-	t.Parallel()
+// roundTrips makes a ledger in a fresh schema over one connection whose round trips are
+// counted, and returns trips, which runs call for a pen order under key, checks that it
+// was a first execution (or, with replay, a replay), and returns the round trips it
+// took.
+func roundTrips(t *testing.T, call func(ctx context.Context, l *ledger.Ledger, in ledger.Intent, req order) (ledger.Result, error)) func(key string, replay bool) int64 {
+	t.Helper()
 	_, b := setupStmt(t, nil)
 	tc := &pgtest.Trips{}
 	pool := pgtest.Pool(t, b.schema, func(cfg *pgxpool.Config) {
@@ -163,15 +165,23 @@ func TestDoStatement_RoundTrips(t *testing.T) {
 	})
 	l, err := ledger.New(pool, &ledger.Config{Schema: b.schema})
 	require.NoError(t, err)
-	ctx := context.Background()
-	trips := func(key string, replay bool) int64 {
+	return func(key string, replay bool) int64 {
 		tc.Reset()
 		req := order{Item: "pen", Amount: 1}
-		res, err := l.DoStatement(ctx, intent(t, "acme", key, req), insertOrderStmt("acme", req), nil)
+		res, err := call(context.Background(), l, intent(t, "acme", key, req), req)
 		require.NoError(t, err)
 		require.Equal(t, replay, res.Replayed)
 		return tc.Load()
 	}
+}
+
+// One round trip for a first execution and one for a replay, with the statement
+// prepared on the connection; a replay leaves the connection's statements prepared.
+func TestDoStatement_RoundTrips(t *testing.T) {
+	t.Parallel()
+	trips := roundTrips(t, func(ctx context.Context, l *ledger.Ledger, in ledger.Intent, req order) (ledger.Result, error) {
+		return l.DoStatement(ctx, in, insertOrderStmt("acme", req), nil)
+	})
 	trips("warm", false)
 	trips("warm", true)
 	require.Equal(t, int64(1), trips("a", false), "a first execution")
@@ -480,24 +490,9 @@ func TestDoStatement_CancelledContext(t *testing.T) {
 // deallocates nor prepares them again.
 func TestDo_DefaultModeRoundTrips(t *testing.T) {
 	t.Parallel()
-	_, b := setupStmt(t, nil)
-	tc := &pgtest.Trips{}
-	pool := pgtest.Pool(t, b.schema, func(cfg *pgxpool.Config) {
-		cfg.MaxConns, cfg.MinConns = 1, 1
-		cfg.ConnConfig.DialFunc = tc.Dial(cfg.ConnConfig.DialFunc)
-		cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	trips := roundTrips(t, func(ctx context.Context, l *ledger.Ledger, in ledger.Intent, req order) (ledger.Result, error) {
+		return l.Do(ctx, in, createOrder("acme", req), nil)
 	})
-	l, err := ledger.New(pool, &ledger.Config{Schema: b.schema})
-	require.NoError(t, err)
-	ctx := context.Background()
-	trips := func(key string, replay bool) int64 {
-		tc.Reset()
-		req := order{Item: "pen", Amount: 1}
-		res, err := l.Do(ctx, intent(t, "acme", key, req), createOrder("acme", req), nil)
-		require.NoError(t, err)
-		require.Equal(t, replay, res.Replayed)
-		return tc.Load()
-	}
 	trips("warm", false)
 	trips("warm", true)
 	trips("warm-2", false)

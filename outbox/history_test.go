@@ -253,19 +253,13 @@ func newHist(t *testing.T, run history.Run) *hist {
 // dispatcher's claim or record, each a transaction of its own) whose answer is lost or
 // replaced by a FATAL after the server ran them.
 func newHistProxy(t *testing.T, h *hist) *faultproxy.Proxy {
-	cfg, err := pgconn.ParseConfig(pgtest.URL(t))
-	require.NoError(t, err)
-	network, addr := faultproxy.Target(cfg)
-	p, err := faultproxy.New(network, addr, faultproxy.Plan{Seed: h.seed, Cut: 0.002, CutAnswer: 0.001, HalfClose: 0.001,
+	return faultproxy.Start(t, pgtest.URL(t), faultproxy.Plan{Seed: h.seed, Cut: 0.002, CutAnswer: 0.001, HalfClose: 0.001,
 		Delay: 0.02, CommitLost: 0.02, CommitFatal: 0.02, SyncLost: 0.005, SyncFatal: 0.005,
 		FaultFunc: func(kind string, conn int, detail string) {
 			if kind == faultproxy.CommitLost || kind == faultproxy.CommitFatal {
 				h.record(history.Event{Kind: "fault", Op: "tcp " + kind, Key: "-", Detail: fmt.Sprintf("conn %d %s", conn, detail)})
 			}
 		}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Close() })
-	return p
 }
 
 // histTx is a producer's transaction and what its client was told of it.

@@ -382,14 +382,10 @@ func notDead[T any](want []uuid.UUID, found []T, id func(T) uuid.UUID) *NotDeadE
 	return e
 }
 
-// Purgeable counts the published events a purge with opts would delete now: those
-// published longer ago than the retention.
-func (o *Outbox) Purgeable(ctx context.Context, opts *PurgeOpts) (int64, error) {
-	c := config.Of(opts)
-	if c.PublishedRetention < 0 {
-		return 0, errors.New("oncekit/outbox: PurgeOpts values must not be negative")
-	}
-	before := time.Now().Add(-config.Or(c.PublishedRetention, PublishedRetentionDefault))
+// Purgeable counts the published events a purge would delete now: those published
+// longer ago than [Config].PublishedRetention.
+func (o *Outbox) Purgeable(ctx context.Context) (int64, error) {
+	before := time.Now().Add(-o.retention)
 	var n int64
 	err := o.each(func(v *Outbox) error {
 		var k int64

@@ -43,6 +43,9 @@ func TestOutbox_RetryDeadIsAllOrNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, dead, 2)
 	require.Equal(t, a1, dead[0].ID)
+	rec, err := b.out.Get(ctx, a1)
+	require.NoError(t, err)
+	require.Equal(t, outbox.StateDead, rec.State)
 
 	_, err = b.out.RetryDead(ctx, &outbox.RetryDeadOpts{IDs: []uuid.UUID{a1, live}})
 	var nd *outbox.NotDeadError
@@ -51,6 +54,12 @@ func TestOutbox_RetryDeadIsAllOrNothing(t *testing.T) {
 	still, err := b.out.ListDead(ctx, nil)
 	require.NoError(t, err)
 	require.Len(t, still, 3, "nothing was retried")
+	many := make([]uuid.UUID, outbox.MaxRetryDead+1)
+	for i := range many {
+		many[i] = uuid.New()
+	}
+	_, err = b.out.RetryDead(ctx, &outbox.RetryDeadOpts{IDs: many})
+	require.ErrorContains(t, err, "more than MaxRetryDead", "a retry of more events is refused before anything is sent")
 
 	ids, err := b.out.RetryDead(ctx, &outbox.RetryDeadOpts{Topic: "a"})
 	require.NoError(t, err)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/oncekit/oncekit/internal/config"
 	"github.com/oncekit/oncekit/internal/pgsql"
+	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/shard"
 )
 
@@ -67,6 +68,10 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 	// Logger receives a line per dead event and per purge. Defaults to discarding them.
 	Logger *slog.Logger
+	// PublishedRetention is how long a published event is kept: [Outbox.Purge] deletes
+	// events published longer ago, and [Outbox.Purgeable] counts them; a negative one is
+	// refused. Defaults to [PublishedRetentionDefault].
+	PublishedRetention time.Duration
 }
 
 // Outbox enqueues and inspects events.
@@ -82,6 +87,8 @@ type Outbox struct {
 	audit   string
 	channel string
 	tel     *telemetry
+	// retention is Config.PublishedRetention.
+	retention time.Duration
 }
 
 // New returns the outbox on pool. Enqueue runs in the caller's transactions, and
@@ -97,9 +104,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 
 func newOutbox(r *shard.Router, cfg *Config) (*Outbox, error) {
 	c := config.Of(cfg)
+	if c.PublishedRetention < 0 {
+		return nil, errors.New("oncekit/outbox: Config.PublishedRetention must not be negative: leave it 0 for the default")
+	}
 	schema := config.Or(c.Schema, SchemaDefault)
 	o := &Outbox{schema: schema, t: pgx.Identifier{schema, "outbox_events"}.Sanitize(),
-		audit: pgx.Identifier{schema, "outbox_audit"}.Sanitize(), channel: channelName(schema), r: r}
+		audit: pgx.Identifier{schema, "outbox_audit"}.Sanitize(), channel: channelName(schema), r: r,
+		retention: config.Or(c.PublishedRetention, PublishedRetentionDefault)}
 	if shards := r.Shards(); len(shards) == 1 {
 		o.pool, o.name = shards[0].Pool, shards[0].Name
 	} else {
@@ -440,52 +451,27 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 	return s, err
 }
 
-// Defaults of [Config] and [PurgeOpts].
+// Defaults of [Config], and the outbox's migration line.
 const (
 	// SchemaDefault is the schema the outbox's table lives in: the schema of every
 	// oncekit table.
 	SchemaDefault = config.SchemaDefault
+	// MigrationLine names the outbox's line in the oncekit_migrations table.
+	MigrationLine = "outbox"
 	// PublishedRetentionDefault is how long a published event is kept before a purge
 	// may delete it: long enough to look into what was published last week.
 	PublishedRetentionDefault = 7 * 24 * time.Hour
-	// PurgeBatchDefault is how many events one purge statement deletes at most.
-	PurgeBatchDefault = config.PurgeBatchDefault
 )
 
-// PurgeOpts are options of [Outbox.Purge]. A nil *PurgeOpts means all defaults.
-type PurgeOpts struct {
-	// PublishedRetention is how long a published event is kept: the purge deletes
-	// events published longer ago. Defaults to [PublishedRetentionDefault].
-	PublishedRetention time.Duration
-	// BatchSize is the most events one statement deletes, which bounds how long it
-	// holds locks. Defaults to [PurgeBatchDefault].
-	BatchSize int
-	// MaxBatches stops the purge after this many statements; 0 runs until no such event
-	// is left. Defaults to 0.
-	MaxBatches int
-	// Pause is how long the purge waits between two statements, which leaves a core,
-	// the disk and the WAL to the dispatchers and producers the purge runs beside.
-	// Defaults to 0: no pause.
-	Pause time.Duration
-}
-
-// PurgeResult reports what [Outbox.Purge] deleted.
-type PurgeResult struct {
-	Deleted int64
-	Batches int
-}
-
-// Purge deletes published events older than the retention, in batches, oldest first,
-// on every shard in turn; many purgers may run at once. Pending and dead events are never purged.
-func (o *Outbox) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
+// Purge deletes published events older than [Config].PublishedRetention, in batches,
+// oldest first, on every shard in turn; many purgers may run at once. Pending and dead
+// events are never purged.
+func (o *Outbox) Purge(ctx context.Context, opts *ledger.PurgeOpts) (ledger.PurgeResult, error) {
 	c := config.Of(opts)
-	if c.PublishedRetention < 0 || c.BatchSize < 0 || c.MaxBatches < 0 || c.Pause < 0 {
-		return PurgeResult{}, errors.New("oncekit/outbox: PurgeOpts values must not be negative")
-	}
-	before := time.Now().Add(-config.Or(c.PublishedRetention, PublishedRetentionDefault))
-	var res PurgeResult
+	before := time.Now().Add(-o.retention)
+	var res ledger.PurgeResult
 	err := o.each(func(v *Outbox) error {
-		deleted, batches, err := v.purgeSQL().Run(ctx, v.pool, config.Or(c.BatchSize, PurgeBatchDefault), c.MaxBatches, c.Pause, before)
+		deleted, batches, err := v.purgeSQL().Run(ctx, v.pool, c.BatchSize, c.MaxBatches, c.Pause, before)
 		res.Deleted, res.Batches = res.Deleted+deleted, res.Batches+batches
 		o.tel.purge(ctx, deleted)
 		return err

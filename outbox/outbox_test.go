@@ -41,16 +41,15 @@ type bundle struct {
 	in     *inbox.Inbox
 }
 
+// transfersDDL is the business tables of the tests: the producer's transfers, and the
+// consumer's statement lines.
+const transfersDDL = `
+	CREATE TABLE transfers (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL);
+	CREATE TABLE statements (id bigserial PRIMARY KEY, event_id uuid NOT NULL, account text NOT NULL, amount bigint NOT NULL)`
+
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, pool, schema)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `
-		CREATE TABLE transfers (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL);
-		CREATE TABLE statements (id bigserial PRIMARY KEY, event_id uuid NOT NULL, account text NOT NULL, amount bigint NOT NULL)`)
-	require.NoError(t, err)
+	pool, schema := pgtest.NewStore(t, pgtest.Migrator(migrate.Up), transfersDDL)
 	out, err := outbox.New(pool, &outbox.Config{Schema: schema})
 	require.NoError(t, err)
 	in, err := inbox.New(pool, &inbox.Config{Schema: schema})
@@ -94,6 +93,14 @@ func (b *bundle) consume(ctx context.Context, e outbox.Event) error {
 		return err
 	})
 	return err
+}
+
+// withRetention is the bundle's outbox with another PublishedRetention.
+func (b *bundle) withRetention(t testing.TB, d time.Duration) *outbox.Outbox {
+	t.Helper()
+	out, err := outbox.New(b.pool, &outbox.Config{Schema: b.schema, PublishedRetention: d})
+	require.NoError(t, err)
+	return out
 }
 
 func (b *bundle) dispatcher(t testing.TB, pub outbox.Publisher, cfg *outbox.DispatcherConfig) *outbox.Dispatcher {
@@ -347,14 +354,27 @@ func TestOutbox_Purge(t *testing.T) {
 	}
 	b.drain(t, b.dispatcher(t, outbox.PublisherFunc(func(context.Context, outbox.Event) error { return nil }), nil))
 	pending := b.produce(t, "acc-pending", 1)
-	res, err := b.out.Purge(ctx, &outbox.PurgeOpts{PublishedRetention: time.Hour})
+	n, err := b.out.Purgeable(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing was published longer ago than the default retention")
+	res, err := b.out.Purge(ctx, nil)
+	require.NoError(t, err)
+	require.Zero(t, res.Deleted, "nothing was published longer ago than the default retention")
+	hour := b.withRetention(t, time.Hour)
+	res, err = hour.Purge(ctx, nil)
 	require.NoError(t, err)
 	require.Zero(t, res.Deleted, "nothing was published an hour ago")
-	res, err = b.out.Purge(ctx, &outbox.PurgeOpts{PublishedRetention: time.Nanosecond, BatchSize: 2})
+	purger := b.withRetention(t, time.Nanosecond)
+	n, err = purger.Purgeable(ctx)
 	require.NoError(t, err)
-	require.Equal(t, outbox.PurgeResult{Deleted: 3, Batches: 2}, res)
-	_, err = b.out.Purge(ctx, &outbox.PurgeOpts{BatchSize: -1})
+	require.Equal(t, int64(3), n)
+	res, err = purger.Purge(ctx, &ledger.PurgeOpts{BatchSize: 2})
+	require.NoError(t, err)
+	require.Equal(t, ledger.PurgeResult{Deleted: 3, Batches: 2}, res)
+	_, err = purger.Purge(ctx, &ledger.PurgeOpts{BatchSize: -1})
 	require.Error(t, err, "negative options are refused")
+	_, err = outbox.New(b.pool, &outbox.Config{Schema: b.schema, PublishedRetention: -time.Second})
+	require.Error(t, err, "a negative retention is refused")
 	st, err := b.out.Stats(ctx)
 	require.NoError(t, err)
 	require.Equal(t, outbox.Stats{Pending: 1}, st)
@@ -406,12 +426,13 @@ func TestOutbox_PurgePause(t *testing.T) {
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type outcome struct {
-		res outbox.PurgeResult
+		res ledger.PurgeResult
 		err error
 	}
 	done := make(chan outcome, 1)
+	purger := b.withRetention(t, time.Nanosecond)
 	go func() {
-		res, err := b.out.Purge(pctx, &outbox.PurgeOpts{PublishedRetention: time.Nanosecond, BatchSize: 2, Pause: time.Hour})
+		res, err := purger.Purge(pctx, &ledger.PurgeOpts{BatchSize: 2, Pause: time.Hour})
 		done <- outcome{res, err}
 	}()
 	require.Eventually(t, func() bool {
@@ -422,10 +443,39 @@ func TestOutbox_PurgePause(t *testing.T) {
 	select {
 	case o := <-done:
 		require.ErrorIs(t, o.err, context.Canceled)
-		require.Equal(t, outbox.PurgeResult{Deleted: 2, Batches: 1}, o.res)
+		require.Equal(t, ledger.PurgeResult{Deleted: 2, Batches: 1}, o.res)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the purge did not end when its context was cancelled during a pause")
 	}
-	_, err := b.out.Purge(ctx, &outbox.PurgeOpts{Pause: -time.Second})
+	_, err := b.out.Purge(ctx, &ledger.PurgeOpts{Pause: -time.Second})
 	require.Error(t, err, "a negative pause is refused")
+}
+
+// The values the documentation states and the dashboards and alerts filter on: changing
+// one breaks users, so it goes in the CHANGELOG, and this test says so first.
+func TestDocumentedValues(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		got, want any
+	}{
+		{outbox.SchemaDefault, "oncekit"},
+		{outbox.MigrationLine, "outbox"},
+		{outbox.InstrumentationName, "github.com/oncekit/oncekit/outbox"},
+		{outbox.AttrTopic, "oncekit.topic"},
+		{outbox.AttrEventID, "oncekit.event_id"},
+		{outbox.BatchSizeDefault, 500},
+		{outbox.PollIntervalDefault, time.Second},
+		{outbox.BackoffMinDefault, time.Second},
+		{outbox.BackoffMaxDefault, 5 * time.Minute},
+		{outbox.PublishTimeoutDefault, 10 * time.Second},
+		// Over twice the default PublishTimeout, so a publication never outlives its lease.
+		{outbox.LeaseDefault, 30 * time.Second},
+		{outbox.AcquireTimeoutDefault, 10 * time.Second},
+		{outbox.StopGraceDefault, 5 * time.Second},
+		{outbox.DeadLimitDefault, 100},
+		{outbox.MaxRetryDead, 10000},
+	} {
+		require.Equal(t, c.want, c.got)
+	}
+	require.Greater(t, outbox.LeaseDefault, 2*outbox.PublishTimeoutDefault)
 }

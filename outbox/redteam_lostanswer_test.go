@@ -6,14 +6,9 @@ package outbox_test
 // ledger.ErrOutcomeUnknown means nothing committed.
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekit/oncekit/internal/faultproxy"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/migrate"
@@ -47,17 +43,18 @@ func (p *rtPublications) count(id uuid.UUID) int {
 }
 
 // rtOutbox is a migrated schema, an outbox on a direct pool (the truth) and a
-// dispatcher whose pool goes through the proxy.
-func rtOutbox(t *testing.T) (*outbox.Outbox, *outbox.Dispatcher, *rtProxy, *rtPublications, *pgxpool.Pool) {
+// dispatcher whose pool goes through a fault proxy that, armed, cuts the connection or
+// drops every answer after the chosen round trip that executes a statement.
+func rtOutbox(t *testing.T) (*outbox.Outbox, *outbox.Dispatcher, *faultproxy.Proxy, *rtPublications, *pgxpool.Pool) {
 	t.Helper()
-	ctx := context.Background()
-	direct, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, direct, schema)
-	require.NoError(t, err)
+	direct, schema := pgtest.NewStore(t, pgtest.Migrator(migrate.Up), "")
 	od, err := outbox.New(direct, &outbox.Config{Schema: schema})
 	require.NoError(t, err)
-	px := rtNewProxy(t)
-	op, err := outbox.New(px.pool(t, schema), &outbox.Config{Schema: schema})
+	px := faultproxy.Start(t, pgtest.URL(t), faultproxy.Plan{})
+	op, err := outbox.New(pgtest.Pool(t, schema, func(c *pgxpool.Config) {
+		c.MaxConns = 4
+		px.Route(&c.ConnConfig.Config)
+	}), &outbox.Config{Schema: schema})
 	require.NoError(t, err)
 	pubs := &rtPublications{n: map[uuid.UUID]int{}}
 	d, err := outbox.NewDispatcher(op, pubs, &outbox.DispatcherConfig{PublishTimeout: 300 * time.Millisecond, Lease: time.Second})
@@ -84,18 +81,16 @@ func rtEnqueue(t *testing.T, o *outbox.Outbox, db *pgxpool.Pool) uuid.UUID {
 func TestRedteamDispatchOnceClaimAnswerLost(t *testing.T) {
 	od, d, px, _, direct := rtOutbox(t)
 	ctx := context.Background()
-	for _, act := range []rtAction{rtCutAfter, rtBlackhole} {
+	for _, act := range []faultproxy.Action{faultproxy.CutAfter, faultproxy.Blackhole} {
 		n := 1 // the claim
 		id := rtEnqueue(t, od, direct)
-		px.arm(act, n)
+		px.Arm(act, n, true)
 		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		_, err := d.DispatchOnce(cctx)
 		cancel()
-		fired, at := px.disarm()
-		if !fired {
-			continue
-		}
-		px.settle(t, direct)
+		fired, at := px.Disarm()
+		require.True(t, fired, "action %d: the claim went through the proxy", act)
+		px.Settle(t, direct)
 		rec, gerr := od.Get(ctx, id)
 		require.NoError(t, gerr)
 		t.Logf("round trip %d (%.40q), action %d: %v; event %s, locked until %v", n, at, act, err, rec.State, rec.LockedUntil)
@@ -121,14 +116,15 @@ func TestRedteamDispatchOnceRecordAnswerLost(t *testing.T) {
 	ctx := context.Background()
 	for n := 2; ; n++ { // past the claim
 		id := rtEnqueue(t, od, direct)
-		px.arm(rtCutAfter, n)
+		px.Arm(faultproxy.CutAfter, n, true)
 		_, err := d.DispatchOnce(ctx)
-		fired, at := px.disarm()
+		fired, at := px.Disarm()
 		if !fired {
 			require.NoError(t, err)
+			require.Greater(t, n, 2, "the proxy cut none of DispatchOnce's round trips past the claim")
 			break
 		}
-		px.settle(t, direct)
+		px.Settle(t, direct)
 		rec, gerr := od.Get(ctx, id)
 		require.NoError(t, gerr)
 		label := fmt.Sprintf("cut after round trip %d (%.60q)", n, at)
@@ -145,262 +141,4 @@ func TestRedteamDispatchOnceRecordAnswerLost(t *testing.T) {
 		}, 15*time.Second, 20*time.Millisecond, label)
 		require.Equal(t, 1, pubs.count(id), label)
 	}
-}
-
-// rtProxy is a TCP proxy in front of the test server that reads the client's
-// messages and, when armed, acts at the n-th round trip (a simple Query or a Sync)
-// that executes a statement after arming: it forwards the round trip and then either cuts both sockets, or
-// keeps forwarding what the client sends and drops every answer (a blackhole).
-type rtProxy struct {
-	ln net.Listener
-
-	mu      sync.Mutex
-	upNet   string
-	upAddr  string
-	act     rtAction
-	left    int
-	fired   bool
-	firedAt string
-	cut     []int // backends of the connections acted on
-	conns   []net.Conn
-}
-
-type rtAction int
-
-const (
-	rtNone rtAction = iota
-	rtCutAfter
-	rtBlackhole
-)
-
-func rtNewProxy(t *testing.T) *rtProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &rtProxy{ln: ln}
-	go p.accept()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.closeAll()
-	})
-	return p
-}
-
-// pool opens a pool on schema whose connections go through the proxy.
-func (p *rtProxy) pool(t *testing.T, schema string) *pgxpool.Pool {
-	return pgtest.Pool(t, schema, func(c *pgxpool.Config) {
-		c.MaxConns = 4
-		c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			// A cancel request dials the address the connection reached, the
-			// proxy's: only the first dial names the server.
-			p.mu.Lock()
-			if p.upNet == "" {
-				p.upNet, p.upAddr = network, addr
-			}
-			p.mu.Unlock()
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", p.ln.Addr().String())
-		}
-	})
-}
-
-func (p *rtProxy) arm(a rtAction, n int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.act, p.left, p.fired, p.firedAt = a, n, false, ""
-}
-
-// disarm reports whether the proxy acted, and on which statements.
-func (p *rtProxy) disarm() (bool, string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.act = rtNone
-	return p.fired, p.firedAt
-}
-
-func (p *rtProxy) closeAll() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-}
-
-func (p *rtProxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		network, addr := p.upNet, p.upAddr
-		p.mu.Unlock()
-		up, err := net.Dial(network, addr)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, up)
-		p.mu.Unlock()
-		pc := &rtConn{p: p, client: c, server: up, stmts: map[string]string{}, portals: map[string]string{}}
-		go pc.serverToClient()
-		go pc.clientToServer()
-	}
-}
-
-type rtConn struct {
-	p              *rtProxy
-	client, server net.Conn
-	mu             sync.Mutex
-	drop           bool
-	pid            int
-	stmts, portals map[string]string
-	pending        []string
-}
-
-func rtReadMsg(r io.Reader) (byte, []byte, error) {
-	var h [5]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return 0, nil, err
-	}
-	msg := make([]byte, int(binary.BigEndian.Uint32(h[1:]))-4)
-	_, err := io.ReadFull(r, msg)
-	return h[0], append(h[:], msg...), err
-}
-
-func rtCString(b []byte) (string, []byte) {
-	i := bytes.IndexByte(b, 0)
-	if i < 0 {
-		return string(b), nil
-	}
-	return string(b[:i]), b[i+1:]
-}
-
-func (c *rtConn) serverToClient() {
-	defer c.client.Close()
-	for {
-		typ, raw, err := rtReadMsg(c.server)
-		if err != nil {
-			return
-		}
-		c.mu.Lock()
-		if typ == 'K' && len(raw) >= 9 {
-			c.pid = int(binary.BigEndian.Uint32(raw[5:]))
-		}
-		drop := c.drop
-		c.mu.Unlock()
-		if !drop {
-			if _, err := c.client.Write(raw); err != nil {
-				return
-			}
-		}
-	}
-}
-
-func (c *rtConn) clientToServer() {
-	defer c.server.Close()
-	// The startup message (or a cancel request) has no type byte.
-	var hdr [4]byte
-	if _, err := io.ReadFull(c.client, hdr[:]); err != nil {
-		return
-	}
-	body := make([]byte, int(binary.BigEndian.Uint32(hdr[:]))-4)
-	if _, err := io.ReadFull(c.client, body); err != nil {
-		return
-	}
-	if _, err := c.server.Write(append(hdr[:], body...)); err != nil {
-		return
-	}
-	var out []byte
-	for {
-		typ, raw, err := rtReadMsg(c.client)
-		if err != nil {
-			return
-		}
-		body := raw[5:]
-		roundTrip := false
-		switch typ {
-		case 'Q':
-			q, _ := rtCString(body)
-			c.pending = append(c.pending, q)
-			roundTrip = true
-		case 'P':
-			name, rest := rtCString(body)
-			c.stmts[name], _ = rtCString(rest)
-		case 'B':
-			portal, rest := rtCString(body)
-			stmt, _ := rtCString(rest)
-			c.portals[portal] = c.stmts[stmt]
-		case 'E':
-			portal, _ := rtCString(body)
-			c.pending = append(c.pending, c.portals[portal])
-		case 'S':
-			roundTrip = true
-		}
-		out = append(out, raw...)
-		if !roundTrip && typ != 'X' && typ != 'H' {
-			continue
-		}
-		act := rtNone
-		// Only round trips that execute a statement count: a prepare commits nothing.
-		if roundTrip && len(c.pending) > 0 && c.pending[0] != "" {
-			p := c.p
-			p.mu.Lock()
-			if p.act != rtNone {
-				p.left--
-				if p.left == 0 {
-					act, p.act, p.fired = p.act, rtNone, true
-					p.firedAt = strings.Join(c.pending, "; ")
-					c.mu.Lock()
-					p.cut = append(p.cut, c.pid)
-					c.mu.Unlock()
-				}
-			}
-			p.mu.Unlock()
-		}
-		if roundTrip {
-			c.pending = nil
-		}
-		if _, err := c.server.Write(out); err != nil {
-			return
-		}
-		out = out[:0]
-		switch act {
-		case rtCutAfter:
-			c.mu.Lock()
-			c.drop = true
-			c.mu.Unlock()
-			_ = c.client.Close()
-			// The server reads what it was sent, then the end of the stream.
-			if cw, ok := c.server.(interface{ CloseWrite() error }); ok {
-				_ = cw.CloseWrite()
-			}
-			_, _ = io.Copy(io.Discard, c.server)
-			return
-		case rtBlackhole:
-			c.mu.Lock()
-			c.drop = true
-			c.mu.Unlock()
-			_, _ = io.Copy(c.server, c.client)
-			return
-		}
-	}
-}
-
-// settle waits until the backends of the connections the proxy acted on have
-// ended, so that a statement they were sent has committed or rolled back before
-// the truth is read.
-func (p *rtProxy) settle(t *testing.T, db *pgxpool.Pool) {
-	t.Helper()
-	p.mu.Lock()
-	pids := p.cut
-	p.cut = nil
-	p.mu.Unlock()
-	ctx := context.Background()
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids).Scan(&n))
-		return n == 0
-	}, 20*time.Second, 2*time.Millisecond)
 }

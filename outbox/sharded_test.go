@@ -27,6 +27,7 @@ type shardedBundle struct {
 	router *shard.Router
 	pools  map[string]*pgxpool.Pool
 	b      *pgtest.Cluster
+	schema string
 	out    *outbox.Outbox
 	in     *inbox.Inbox
 }
@@ -35,28 +36,19 @@ var shardOf = map[string]string{"acme": "a", "globex": "b"}
 
 func setupSharded(t *testing.T) *shardedBundle {
 	t.Helper()
-	if pgtest.IsCitus() {
-		t.Skip("shards are independent PostgreSQL clusters; the Citus run covers one cluster")
-	}
 	ctx := context.Background()
-	pools, schema, clusters := pgtest.Shards(t, 2)
-	r, err := shard.New([]shard.Shard{{Name: "a", Pool: pools[0]}, {Name: "b", Pool: pools[1]}}, shard.Map(shardOf, nil))
+	s := pgtest.NewSharded(t, nil, transfersDDL)
+	r, err := shard.New([]shard.Shard{{Name: "a", Pool: s.A}, {Name: "b", Pool: s.B}}, shard.Map(shardOf, nil))
 	require.NoError(t, err)
-	applied, err := migrate.UpShards(ctx, r, schema)
+	applied, err := migrate.UpShards(ctx, r, s.Schema)
 	require.NoError(t, err)
 	require.NotEmpty(t, applied["a"].Applied)
 	require.NotEmpty(t, applied["b"].Applied)
-	for _, p := range pools {
-		_, err = p.Exec(ctx, `
-			CREATE TABLE transfers (id bigserial PRIMARY KEY, account text NOT NULL, amount bigint NOT NULL);
-			CREATE TABLE statements (id bigserial PRIMARY KEY, event_id uuid NOT NULL, account text NOT NULL, amount bigint NOT NULL)`)
-		require.NoError(t, err)
-	}
-	out, err := outbox.NewSharded(r, &outbox.Config{Schema: schema})
+	out, err := outbox.NewSharded(r, &outbox.Config{Schema: s.Schema})
 	require.NoError(t, err)
-	in, err := inbox.NewSharded(r, &inbox.Config{Schema: schema})
+	in, err := inbox.NewSharded(r, &inbox.Config{Schema: s.Schema})
 	require.NoError(t, err)
-	return &shardedBundle{router: r, pools: map[string]*pgxpool.Pool{"a": pools[0], "b": pools[1]}, b: clusters[0], out: out, in: in}
+	return &shardedBundle{router: r, pools: s.Pools, b: s.Cluster, schema: s.Schema, out: out, in: in}
 }
 
 // produce commits a tenant's transfer and its event on the tenant's shard.
@@ -172,10 +164,12 @@ func TestSharded_DispatcherPerShard(t *testing.T) {
 	require.ErrorIs(t, err, shard.ErrWrongShard)
 	require.NoError(t, wrong.Rollback(ctx))
 
-	n, err := sb.out.Purgeable(ctx, &outbox.PurgeOpts{PublishedRetention: time.Nanosecond})
+	purger, err := outbox.NewSharded(sb.router, &outbox.Config{Schema: sb.schema, PublishedRetention: time.Nanosecond})
+	require.NoError(t, err)
+	n, err := purger.Purgeable(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(6), n)
-	res, err := sb.out.Purge(ctx, &outbox.PurgeOpts{PublishedRetention: time.Nanosecond})
+	res, err := purger.Purge(ctx, nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(6), res.Deleted)
 }

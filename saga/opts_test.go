@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	ttestsuite "go.temporal.io/sdk/testsuite"
@@ -41,4 +42,19 @@ func TestOpts_Invalid(t *testing.T) {
 			require.Zero(t, steps)
 		})
 	}
+}
+
+// A step whose context carries no activity options runs with bounded ones, so that a
+// step that keeps failing ends in compensation; compensations retry for as long as an
+// outage can last.
+func TestOptionsDefault_StepsGiveUpCompensationsDoNot(t *testing.T) {
+	t.Parallel()
+	step := saga.StepOptionsDefault()
+	require.Equal(t, time.Minute, step.StartToCloseTimeout)
+	require.NotNil(t, step.RetryPolicy)
+	require.Positive(t, step.RetryPolicy.MaximumAttempts, "a step's retries are bounded")
+	comp := saga.CompensationOptionsDefault()
+	require.Equal(t, time.Minute, comp.StartToCloseTimeout)
+	require.Greater(t, comp.ScheduleToCloseTimeout, step.StartToCloseTimeout*time.Duration(step.RetryPolicy.MaximumAttempts),
+		"a compensation outlasts every attempt of a step")
 }

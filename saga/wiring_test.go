@@ -184,3 +184,39 @@ func TestRun_InMemoryCompensationFailureSaysAttemptsAreCapped(t *testing.T) {
 	require.True(t, strings.Contains(err.Error(), "in-memory") && strings.Contains(err.Error(), "10 attempts"), err.Error())
 	require.Equal(t, map[string]int{"withdraw": 0, "deposit": 1, "notify": 0}, m.net(t, "capped"))
 }
+
+// StepKey is the key a step's activity runs under; a failed compensation is listed by
+// CompensationError.Failed, one that succeeded is not.
+func TestSaga_StepKeyAndFailedCompensations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env := testsuite.NewWorkflowEnvironment(&testsuite.EnvConfig{Ledger: b.l, Tenant: "acme"})
+	env.RegisterActivityWithOptions(func(ctx context.Context) (string, error) {
+		return activity.Do(ctx, "", func(_ context.Context, _ pgx.Tx, c activity.Call, _ string) (string, error) {
+			return string(c.Key), nil
+		}, nil)
+	}, tactivity.RegisterOptions{Name: "keyed"})
+	env.RegisterWorkflowWithOptions(func(ctx workflow.Context) (bool, error) {
+		var same bool
+		err := saga.RunErr(ctx, &saga.Opts{Key: "step-key"}, func(ctx workflow.Context, s *saga.Saga) error {
+			ctx = workflow.WithActivityOptions(ctx, workflow.ActivityOptions{StartToCloseTimeout: time.Minute})
+			var ran string
+			if err := s.Do(ctx, saga.Step{Name: "keyed", Activity: "keyed"}, &ran); err != nil {
+				return err
+			}
+			want, err := s.StepKey("keyed")
+			same = err == nil && ran == string(want)
+			return nil
+		})
+		return same, err
+	}, workflow.RegisterOptions{Name: "step-key"})
+	env.ExecuteWorkflow("step-key")
+	require.NoError(t, env.GetWorkflowError())
+	var same bool
+	require.NoError(t, env.GetWorkflowResult(&same))
+	require.True(t, same, "the step's activity ran under StepKey's key")
+
+	ce := &saga.CompensationError{Cause: errors.New("ship refused"), Outcomes: []saga.Outcome{
+		{Step: "charge", Err: errors.New("refund failed")}, {Step: "reserve"}}}
+	require.Equal(t, []saga.Outcome{ce.Outcomes[0]}, ce.Failed())
+}

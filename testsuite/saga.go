@@ -71,7 +71,11 @@ func inProgress(ctx context.Context, req sagarec.BeginRequest) (sagarec.Recorded
 	return sagarec.Recorded{}, temporal.NewApplicationError("oncekit/testsuite: another run holds the saga's key "+string(req.Key), policy.ErrTypeInProgress)
 }
 
-func (m *sagaRecords) begin(ctx context.Context, req sagarec.BeginRequest) (sagarec.Recorded, error) {
+// with answers a record call on req's key: under m.mu, an error, the ended saga's
+// outcome, notOwned's answer when another run holds the key, or else fn's on the
+// record.
+func (m *sagaRecords) with(req sagarec.BeginRequest, notOwned func() (sagarec.Recorded, error),
+	fn func(rec *sagaRecord) (sagarec.Recorded, error)) (sagarec.Recorded, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, owned, err := m.lookup(req)
@@ -81,62 +85,48 @@ func (m *sagaRecords) begin(ctx context.Context, req sagarec.BeginRequest) (saga
 	case rec.ended != nil:
 		return *rec.ended, nil
 	case !owned:
-		return inProgress(ctx, req)
+		return notOwned()
 	}
+	return fn(rec)
+}
+
+// held answers a run that holds no key and need not wait.
+func held() (sagarec.Recorded, error) { return sagarec.Recorded{Held: true}, nil }
+
+// current answers with the record's compensation, if it has one.
+func current(rec *sagaRecord) (sagarec.Recorded, error) {
 	return sagarec.Recorded{Compensating: rec.comp}, nil
+}
+
+func (m *sagaRecords) begin(ctx context.Context, req sagarec.BeginRequest) (sagarec.Recorded, error) {
+	return m.with(req, func() (sagarec.Recorded, error) { return inProgress(ctx, req) }, current)
 }
 
 func (m *sagaRecords) hold(_ context.Context, req sagarec.BeginRequest) (sagarec.Recorded, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	rec, owned, err := m.lookup(req)
-	switch {
-	case err != nil:
-		return sagarec.Recorded{}, err
-	case rec.ended != nil:
-		return *rec.ended, nil
-	case !owned:
-		return sagarec.Recorded{Held: true}, nil
-	}
-	return sagarec.Recorded{Compensating: rec.comp}, nil
+	return m.with(req, held, current)
 }
 
 func (m *sagaRecords) compensating(_ context.Context, req sagarec.CompensatingRequest) (sagarec.Recorded, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	rec, owned, err := m.lookup(req.BeginRequest)
-	switch {
-	case err != nil:
-		return sagarec.Recorded{}, err
-	case rec.ended != nil:
-		return *rec.ended, nil
-	case !owned:
-		return sagarec.Recorded{Held: true}, nil
-	case rec.comp == nil:
-		c := req.Compensating
-		rec.comp = &c
-	}
-	return sagarec.Recorded{Compensating: rec.comp}, nil
+	return m.with(req.BeginRequest, held, func(rec *sagaRecord) (sagarec.Recorded, error) {
+		if rec.comp == nil {
+			c := req.Compensating
+			rec.comp = &c
+		}
+		return current(rec)
+	})
 }
 
 func (m *sagaRecords) end(ctx context.Context, req sagarec.EndRequest) (sagarec.Recorded, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	rec, owned, err := m.lookup(req.BeginRequest)
-	switch {
-	case err != nil:
-		return sagarec.Recorded{}, err
-	case rec.ended != nil:
-		return *rec.ended, nil
-	case !owned:
-		return inProgress(ctx, req.BeginRequest)
-	case req.Outcome.ErrType == "" && rec.comp != nil:
-		return sagarec.Recorded{Compensating: rec.comp}, nil
-	}
-	out := sagarec.Recorded{Ended: true, Result: req.Outcome.Result, ErrType: req.Outcome.ErrType, ErrMessage: req.Outcome.ErrMessage}
-	if out.ErrType != "" {
-		out.Compensating = rec.comp // its cause is the replayed error's
-	}
-	rec.ended = &out
-	return out, nil
+	return m.with(req.BeginRequest, func() (sagarec.Recorded, error) { return inProgress(ctx, req.BeginRequest) },
+		func(rec *sagaRecord) (sagarec.Recorded, error) {
+			if req.Outcome.ErrType == "" && rec.comp != nil {
+				return current(rec)
+			}
+			out := sagarec.Recorded{Ended: true, Result: req.Outcome.Result, ErrType: req.Outcome.ErrType, ErrMessage: req.Outcome.ErrMessage}
+			if out.ErrType != "" {
+				out.Compensating = rec.comp // its cause is the replayed error's
+			}
+			rec.ended = &out
+			return out, nil
+		})
 }

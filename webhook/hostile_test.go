@@ -9,8 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
-	"runtime/metrics"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oncekit/oncekit/internal/heappeak"
 	"github.com/oncekit/oncekit/internal/pgtest"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/migrate"
@@ -68,47 +67,6 @@ func (z *zeros) Read(p []byte) (int, error) {
 	z.left -= int64(n)
 	z.read.Add(int64(n))
 	return n, nil
-}
-
-// heapObjects is the metric behind runtime.MemStats.HeapAlloc: live objects and dead ones
-// the collector has not freed yet. Read through runtime/metrics it costs no pause.
-const heapObjects = "/memory/classes/heap/objects:bytes"
-
-// peakHeap runs f and returns the highest heap it saw above the heap before f, sampled
-// every 100µs, and the bytes allocated meanwhile, which bound the peak from above
-// whatever the collector does.
-func peakHeap(f func()) (peak, allocated uint64) {
-	runtime.GC()
-	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
-	sample := []metrics.Sample{{Name: heapObjects}}
-	metrics.Read(sample)
-	base := sample[0].Value.Uint64()
-	var top atomic.Uint64
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		s := []metrics.Sample{{Name: heapObjects}}
-		tick := time.NewTicker(100 * time.Microsecond)
-		defer tick.Stop()
-		for {
-			metrics.Read(s)
-			if v := s[0].Value.Uint64(); v > base && v-base > top.Load() {
-				top.Store(v - base)
-			}
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-		}
-	})
-	f()
-	close(done)
-	wg.Wait()
-	var after runtime.MemStats
-	runtime.ReadMemStats(&after)
-	return top.Load(), after.TotalAlloc - before.TotalAlloc
 }
 
 // chunked hides a reader's type, so the client cannot learn its length and sends the
@@ -187,7 +145,7 @@ func TestReceiver_HostileBodies(t *testing.T) {
 	} {
 		var read atomic.Int64
 		statuses := make(chan int, tc.senders)
-		peak, allocated := peakHeap(func() {
+		peak, allocated := heappeak.Of(func() {
 			var wg sync.WaitGroup
 			for range tc.senders {
 				wg.Go(func() { statuses <- post(tc.size, tc.declare, &read) })

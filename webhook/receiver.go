@@ -13,13 +13,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncekit/oncekit/internal/config"
 	"github.com/oncekit/oncekit/keys"
 	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/shard"
 )
 
-// Defaults of [Config].
+// Defaults of [Config], and the receiver's migration line.
 const (
+	// MigrationLine names the receiver's line in the oncekit_migrations table.
+	MigrationLine = "webhook"
 	// MaxBodyDefault is the largest delivery read, in bytes (GitHub caps payloads at 25 MB).
 	MaxBodyDefault = 25 << 20
 	// MaxConcurrentReadsDefault is how many deliveries are read at once before their
@@ -202,18 +205,10 @@ func New(ctx context.Context, cfg *Config) (http.Handler, error) {
 	if c.Tenant == "" {
 		c.Tenant = c.Source
 	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = MaxBodyDefault
-	}
-	if c.MaxConcurrentReads == 0 {
-		c.MaxConcurrentReads = MaxConcurrentReadsDefault
-	}
-	if c.ReadSlotWait == 0 {
-		c.ReadSlotWait = ReadSlotWaitDefault
-	}
-	if c.BodyReadTimeout == 0 {
-		c.BodyReadTimeout = BodyReadTimeoutDefault
-	}
+	c.MaxBodyBytes = config.Or(c.MaxBodyBytes, MaxBodyDefault)
+	c.MaxConcurrentReads = config.Or(c.MaxConcurrentReads, MaxConcurrentReadsDefault)
+	c.ReadSlotWait = config.Or(c.ReadSlotWait, ReadSlotWaitDefault)
+	c.BodyReadTimeout = config.Or(c.BodyReadTimeout, BodyReadTimeoutDefault)
 	if c.MaxBodyBytes < 0 || c.MaxConcurrentReads < 0 {
 		return nil, errors.New("oncekit/webhook: Config.MaxBodyBytes and MaxConcurrentReads must not be negative")
 	}

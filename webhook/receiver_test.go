@@ -55,12 +55,8 @@ func setup(t *testing.T) *bundle {
 func setupOn(t *testing.T, ledgerPool func(schema string) *pgxpool.Pool) *bundle {
 	t.Helper()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrate.Up(ctx, pool, schema)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `CREATE TABLE issues (id text PRIMARY KEY, title text NOT NULL);
+	pool, schema := pgtest.NewStore(t, pgtest.Migrator(migrate.Up), `CREATE TABLE issues (id text PRIMARY KEY, title text NOT NULL);
 		CREATE TABLE receipts (delivery text NOT NULL)`)
-	require.NoError(t, err)
 	lp := pool
 	if ledgerPool != nil {
 		lp = ledgerPool(schema)

@@ -99,7 +99,10 @@ retried. --topic and --all show what they would retry and change nothing without
 			if err := p.check(); err != nil {
 				return err
 			}
-			out, err := a.outbox()
+			if err := a.connect(); err != nil {
+				return err
+			}
+			out, err := outbox.New(a.pool, &outbox.Config{Schema: a.schema, PublishedRetention: p.retention})
 			if err != nil {
 				return err
 			}

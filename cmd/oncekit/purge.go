@@ -97,7 +97,7 @@ Expired records already count as absent: purging only frees space.`,
 			if err != nil {
 				return err
 			}
-			out, err := outbox.New(a.pool, &outbox.Config{Schema: a.schema})
+			out, err := outbox.New(a.pool, &outbox.Config{Schema: a.schema, PublishedRetention: p.retention})
 			if err != nil {
 				return err
 			}
@@ -136,17 +136,17 @@ func inboxPurge(a *app, in *inbox.Inbox, p purgeFlags) purgeStep {
 			return n, err
 		},
 		purge: func() (int64, int, error) {
-			res, err := in.Purge(a.ctx, &inbox.PurgeOpts{BatchSize: p.batch, Pause: p.pause})
+			res, err := in.Purge(a.ctx, &ledger.PurgeOpts{BatchSize: p.batch, Pause: p.pause})
 			return res.Deleted, res.Batches, err
 		}}
 }
 
+// outboxPurge purges out, whose Config.PublishedRetention is p.retention.
 func outboxPurge(a *app, out *outbox.Outbox, p purgeFlags) purgeStep {
-	opts := &outbox.PurgeOpts{PublishedRetention: p.retention, BatchSize: p.batch, Pause: p.pause}
 	return purgeStep{table: "outbox_events", what: fmt.Sprintf("events published over %s ago", shortDuration(p.retention)),
-		count: func() (int64, error) { return out.Purgeable(a.ctx, opts) },
+		count: func() (int64, error) { return out.Purgeable(a.ctx) },
 		purge: func() (int64, int, error) {
-			res, err := out.Purge(a.ctx, opts)
+			res, err := out.Purge(a.ctx, &ledger.PurgeOpts{BatchSize: p.batch, Pause: p.pause})
 			return res.Deleted, res.Batches, err
 		}}
 }

@@ -13,6 +13,14 @@
 // the transaction committed (or failed) on the server while the client did not hear
 // which: the case a store must report as an unknown outcome.
 //
+// # Armed actions
+//
+// Beside its random plan, a proxy can be armed ([Proxy.Arm]) to act once after the n-th
+// round trip from now on: cut the connection after forwarding it, so the server runs
+// what it was sent and the client hears nothing ([CutAfter]), or drop every answer from
+// then on ([Blackhole]). [Proxy.Settle] waits for the sessions acted on to end, so a
+// test reads the truth only once their statements committed or rolled back.
+//
 // # Seeds
 //
 // Each connection draws its faults from a random source derived from the plan's seed
@@ -22,6 +30,7 @@ package faultproxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -31,9 +40,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
 )
 
 // Kinds of fault, as [Plan].FaultFunc receives them.
@@ -91,6 +103,33 @@ type Proxy struct {
 	mu    sync.Mutex
 	conns map[*pconn]struct{}
 	wg    sync.WaitGroup
+
+	// armed is what Arm set, and what came of it.
+	armMu sync.Mutex
+	armed armed
+	acted []int // server process IDs of the connections acted on
+}
+
+// Action is what an armed proxy does once it forwarded the round trip it waits for
+// ([Proxy.Arm]).
+type Action int
+
+const (
+	// CutAfter closes the client's side and ends the server's stream: the server runs
+	// what it was sent, then reads end of file and ends the session, and the client
+	// hears nothing more.
+	CutAfter Action = iota + 1
+	// Blackhole keeps forwarding what the client sends and drops every answer, as a
+	// network partition that sends no reset does.
+	Blackhole
+)
+
+type armed struct {
+	act       Action
+	left      int
+	executing bool
+	fired     bool
+	at        string
 }
 
 // Target is the network and address a pgconn configuration dials: a Unix socket when
@@ -119,6 +158,23 @@ func New(network, addr string, plan Plan) (*Proxy, error) {
 	return p, nil
 }
 
+// Start is [New] for a test: a proxy to the server that url (a connection string)
+// names, closed at the test's cleanup.
+func Start(tb testing.TB, url string, plan Plan) *Proxy {
+	tb.Helper()
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		tb.Fatalf("faultproxy: parse %q: %v", url, err)
+	}
+	network, addr := Target(cfg)
+	p, err := New(network, addr, plan)
+	if err != nil {
+		tb.Fatalf("faultproxy: start: %v", err)
+	}
+	tb.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
 // Route points cfg at the proxy: its host and port become the proxy's, and fallbacks
 // are dropped.
 func (p *Proxy) Route(cfg *pgconn.Config) {
@@ -143,6 +199,13 @@ func (p *Proxy) Count(kind string) int64 {
 // Close stops listening, closes every connection and waits for them.
 func (p *Proxy) Close() error {
 	err := p.ln.Close()
+	p.CloseConns()
+	p.wg.Wait()
+	return err
+}
+
+// CloseConns closes every connection the proxy carries; it goes on accepting new ones.
+func (p *Proxy) CloseConns() {
 	p.mu.Lock()
 	conns := make([]*pconn, 0, len(p.conns))
 	for c := range p.conns {
@@ -152,8 +215,64 @@ func (p *Proxy) Close() error {
 	for _, c := range conns {
 		c.close()
 	}
-	p.wg.Wait()
-	return err
+}
+
+// Arm makes the proxy act once, by action, right after it forwarded the n-th round
+// trip (a simple Query, or a Sync) that any of its connections sends from now on. With
+// executing, only round trips that execute a statement count: one that only prepares
+// or describes commits nothing. Arm replaces an earlier Arm that has not acted.
+func (p *Proxy) Arm(action Action, n int, executing bool) {
+	p.armMu.Lock()
+	defer p.armMu.Unlock()
+	p.armed = armed{act: action, left: n, executing: executing}
+}
+
+// Disarm cancels the last Arm and reports whether it acted, and the statements of the
+// round trip it acted after.
+func (p *Proxy) Disarm() (fired bool, at string) {
+	p.armMu.Lock()
+	defer p.armMu.Unlock()
+	a := p.armed
+	p.armed = armed{}
+	return a.fired, a.at
+}
+
+// roundTrip counts a round trip that sent statements (their texts; "" for one the
+// proxy did not see prepared) towards an Arm, and returns the action to take after
+// forwarding it, or 0.
+func (p *Proxy) roundTrip(c *pconn, statements []string) Action {
+	p.armMu.Lock()
+	defer p.armMu.Unlock()
+	a := &p.armed
+	if a.act == 0 || a.fired || (a.executing && (len(statements) == 0 || statements[0] == "")) {
+		return 0
+	}
+	if a.left--; a.left > 0 {
+		return 0
+	}
+	a.fired, a.at = true, strings.Join(statements, "; ")
+	c.mu.Lock()
+	p.acted = append(p.acted, c.pid)
+	c.mu.Unlock()
+	return a.act
+}
+
+// Settle waits until the server sessions of the connections an Arm acted on have
+// ended, so that what they were sent has committed or rolled back before a test reads
+// the truth through db, a connection that does not go through the proxy.
+func (p *Proxy) Settle(tb testing.TB, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}) {
+	tb.Helper()
+	p.armMu.Lock()
+	pids := p.acted
+	p.acted = nil
+	p.armMu.Unlock()
+	require.Eventually(tb, func() bool {
+		var n int
+		require.NoError(tb, db.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids).Scan(&n))
+		return n == 0
+	}, 20*time.Second, 2*time.Millisecond, "the sessions acted on (%v) still run", pids)
 }
 
 func (p *Proxy) accept() {
@@ -206,6 +325,10 @@ type pconn struct {
 	// commitKind is the fault planned for that answer.
 	commitAt   int
 	commitKind string
+	// pid is the server process's ID, from its BackendKeyData.
+	pid int
+	// dropping is set once an Arm acted: the server's answers are dropped.
+	dropping atomic.Bool
 }
 
 func (c *pconn) close() {
@@ -223,7 +346,14 @@ func (c *pconn) on() bool { return c.p.enabled.Load() }
 // fromClient forwards the client's messages, planning faults at their boundaries.
 func (c *pconn) fromClient() {
 	defer c.p.wg.Done()
-	defer c.close()
+	// After a CutAfter the server reader drains the server's side until the server ends
+	// the session, and closes the connection then.
+	cut := false
+	defer func() {
+		if !cut {
+			c.close()
+		}
+	}()
 	// The server reader waits on rawAnswers until the startup is over: it is closed on
 	// every way out, or that reader would wait forever and Close with it.
 	rawOpen := true
@@ -257,7 +387,9 @@ func (c *pconn) fromClient() {
 	c.mu.Lock()
 	c.syncs = 1
 	c.mu.Unlock()
-	statements := map[string]bool{} // prepared statement name -> its text is COMMIT
+	statements := map[string]string{} // prepared statement name -> its text
+	portals := map[string]string{}    // portal name -> its statement's text
+	var sent []string                 // the statements of the round trip under way
 	for {
 		msg, err := readTyped(r)
 		if err != nil {
@@ -268,14 +400,18 @@ func (c *pconn) fromClient() {
 		switch typ {
 		case 'Q':
 			// A simple-protocol batch is one Query of statements joined by semicolons.
+			sent = append(sent, cstring(msg[5:]))
 			q := strings.TrimRight(strings.TrimSpace(cstring(msg[5:])), ";")
 			commit = isCommit(q[strings.LastIndex(q, ";")+1:])
 		case 'P':
 			name := cstring(msg[5:])
-			statements[name] = isCommit(cstring(msg[5+len(name)+1:]))
+			statements[name] = cstring(msg[5+len(name)+1:])
 		case 'B':
 			portal := cstring(msg[5:])
-			commit = statements[cstring(msg[5+len(portal)+1:])]
+			portals[portal] = statements[cstring(msg[5+len(portal)+1:])]
+			commit = isCommit(portals[portal])
+		case 'E':
+			sent = append(sent, portals[cstring(msg[5:])])
 		case 'C': // Close of a statement ('S') or a portal
 			if len(msg) > 6 && msg[5] == 'S' {
 				delete(statements, cstring(msg[6:]))
@@ -312,7 +448,23 @@ func (c *pconn) fromClient() {
 			c.syncs++
 		}
 		c.mu.Unlock()
+		var act Action
+		if typ == 'S' || typ == 'Q' {
+			act, sent = c.p.roundTrip(c, sent), nil
+		}
 		if _, err := c.server.Write(msg); err != nil {
+			return
+		}
+		switch act {
+		case CutAfter:
+			c.dropping.Store(true)
+			cut = true
+			_ = c.client.Close()
+			closeWrite(c.server)
+			return
+		case Blackhole:
+			c.dropping.Store(true)
+			_, _ = io.Copy(c.server, r)
 			return
 		}
 	}
@@ -363,6 +515,14 @@ func (c *pconn) fromServer() {
 		msg, err := readTyped(r)
 		if err != nil {
 			return
+		}
+		if msg[0] == 'K' && len(msg) >= 9 { // BackendKeyData
+			c.mu.Lock()
+			c.pid = int(binary.BigEndian.Uint32(msg[5:9]))
+			c.mu.Unlock()
+		}
+		if c.dropping.Load() {
+			continue
 		}
 		c.mu.Lock()
 		at, kind := c.commitAt, c.commitKind

@@ -3,6 +3,7 @@ package faultproxy_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -23,10 +24,7 @@ func proxied(t *testing.T, plan faultproxy.Plan, mode pgx.QueryExecMode) (*pgx.C
 	require.NoError(t, err)
 	cfg, err := pgx.ParseConfig(pgtest.URL(t))
 	require.NoError(t, err)
-	network, addr := faultproxy.Target(&cfg.Config)
-	p, err := faultproxy.New(network, addr, plan)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Close() })
+	p := faultproxy.Start(t, pgtest.URL(t), plan)
 	p.Route(&cfg.Config)
 	cfg.RuntimeParams["search_path"] = schema
 	cfg.DefaultQueryExecMode = mode
@@ -126,4 +124,38 @@ func TestSyncLost(t *testing.T) {
 	require.Equal(t, "", pgsql.Code(err), "%v", err)
 	require.Equal(t, 1, count("SELECT count(*) FROM t WHERE id = 5"), "the statement committed by itself")
 	require.EqualValues(t, 1, p2.Count(faultproxy.CommitLost))
+}
+
+// TestArm: an armed proxy acts once, after the chosen round trip that executes a
+// statement, in every exec mode. A cut statement outside a transaction block still
+// runs on the server, and so does one whose answers a blackhole drops; Disarm names
+// the statement, and Settle waits for the session to end.
+func TestArm(t *testing.T) {
+	ctx := context.Background()
+	for name, act := range map[string]faultproxy.Action{"CutAfter": faultproxy.CutAfter, "Blackhole": faultproxy.Blackhole} {
+		for _, mode := range pgtest.ExecModes {
+			t.Run(name+"/"+mode.String(), func(t *testing.T) {
+				conn, p, count := proxied(t, faultproxy.Plan{}, mode)
+				_, err := conn.Exec(ctx, "INSERT INTO t VALUES (1)")
+				require.NoError(t, err)
+				p.Arm(act, 2, true)
+				_, err = conn.Exec(ctx, "INSERT INTO t VALUES (2)")
+				require.NoError(t, err, "the first round trip after Arm is forwarded as usual")
+				cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				defer cancel()
+				_, err = conn.Exec(cctx, "INSERT INTO t VALUES (3)")
+				require.Error(t, err, "the answer to the second is lost")
+				fired, at := p.Disarm()
+				require.True(t, fired)
+				require.Contains(t, at, "INSERT INTO t VALUES (3)")
+				if act == faultproxy.Blackhole {
+					p.CloseConns() // ends the session, whose client no longer listens
+				}
+				p.Settle(t, pgtest.Pool(t, "public", nil))
+				require.Equal(t, 3, count("SELECT count(*) FROM t"), "the statement ran on the server")
+				fired, _ = p.Disarm()
+				require.False(t, fired, "Disarm forgets what fired")
+			})
+		}
+	}
 }

@@ -5,6 +5,7 @@ package migrate
 
 import (
 	"context"
+	"embed"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -26,6 +27,13 @@ type Line struct {
 	Files fs.FS
 	// Tables says where Citus places the line's tables ([Place]).
 	Tables []Table
+}
+
+// Dir returns the directory migrations of files: every package embeds its line's
+// files as migrations/*.sql, so that a new file joins the line by its name alone.
+func Dir(files embed.FS) fs.FS {
+	sub, _ := fs.Sub(files, "migrations") // fails only on an invalid path, which this is not
+	return sub
 }
 
 // File is one migration of a line.

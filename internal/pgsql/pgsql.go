@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/oncekit/oncekit/internal/config"
 )
 
 // BeginScript begins a transaction on conn by running script (which starts with BEGIN)
@@ -155,12 +157,20 @@ func CitusTable(ctx context.Context, q Querier, table string) (bool, error) {
 	return held, err
 }
 
-// Run runs the purge in batches of batch rows until a batch deletes fewer, or
-// maxBatches statements have run (0: no limit), waiting pause between two statements:
-// Local on a single PostgreSQL, ByKey when Citus holds the table. args are $2 onwards.
-// A context cancelled during a pause ends the purge with the context's error and what
-// was deleted so far.
+// ErrPurgeNegative is Run's answer to a negative batch size, batch count or pause.
+var ErrPurgeNegative = errors.New("PurgeOpts values must not be negative: leave them 0 for the defaults")
+
+// Run runs the purge in batches of batch rows (0: config.PurgeBatchDefault) until a
+// batch deletes fewer, or maxBatches statements have run (0: no limit), waiting pause
+// between two statements: Local on a single PostgreSQL, ByKey when Citus holds the
+// table. args are $2 onwards. A context cancelled during a pause ends the purge with the
+// context's error and what was deleted so far; a negative value, with ErrPurgeNegative
+// before anything is sent.
 func (p Purge) Run(ctx context.Context, q Querier, batch, maxBatches int, pause time.Duration, args ...any) (deleted int64, batches int, err error) {
+	if batch < 0 || maxBatches < 0 || pause < 0 {
+		return 0, 0, ErrPurgeNegative
+	}
+	batch = config.Or(batch, config.PurgeBatchDefault)
 	sql := p.Local
 	if held, err := CitusTable(ctx, q, p.Table); err != nil {
 		return 0, 0, err

@@ -13,6 +13,11 @@
 // are dropped at cleanup and the cluster is stopped when the binary exits, so packages
 // tested in parallel by `go test ./...` never share state.
 //
+// A store's tests start from [NewStore]: a fresh schema with the store's migrations
+// ([Migrator] adapts ledger.Migrate or migrate.Up) and the test's business tables.
+// [NewSharded] is the same on two independent clusters, for tests of a router over
+// shards, and [Clock] is the stubbed clock of tests of expiry and leases.
+//
 // # Citus
 //
 // With ONCEKIT_CITUS=1 ([CitusEnv]) Main starts a throwaway Citus cluster instead: a

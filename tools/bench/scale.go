@@ -749,7 +749,7 @@ func (b scaleBench) inboxPurge(ctx context.Context, pool *pgxpool.Pool, emit fun
 		})
 		return err
 	}
-	purge := func(opts *inbox.PurgeOpts) func(context.Context) (int64, error) {
+	purge := func(opts *ledger.PurgeOpts) func(context.Context) (int64, error) {
 		return func(ctx context.Context) (int64, error) {
 			res, err := ib.Purge(ctx, opts)
 			return res.Deleted, err
@@ -762,7 +762,7 @@ func (b scaleBench) inboxPurge(ctx context.Context, pool *pgxpool.Pool, emit fun
 		fmt.Fprintf(os.Stderr, "bench: inbox_messages: %d expired rows added in %s\n", n, time.Since(start).Round(time.Second))
 		return err
 	}
-	runs := []purgeRun{{"default", purge(nil)}, {"paced", purge(&inbox.PurgeOpts{BatchSize: pacedLedger.BatchSize, Pause: pacedLedger.Pause})}}
+	runs := []purgeRun{{"default", purge(nil)}, {"paced", purge(pacedLedger)}}
 	return b.measurePurge(ctx, pool, "scale.inbox."+label+".", "inbox_messages", runs, handle, func(ctx context.Context, _ int) error { return refill(ctx) }, emit)
 }
 
@@ -826,19 +826,18 @@ func (b scaleBench) outboxPurge(ctx context.Context, pool *pgxpool.Pool, emit fu
 		}
 	}
 	age := time.Since(gen)
-	purge := func(retention time.Duration, opts *outbox.PurgeOpts, limit time.Duration) func(context.Context) (int64, error) {
+	purge := func(retention time.Duration, opts *ledger.PurgeOpts, limit time.Duration) func(context.Context) (int64, error) {
 		return func(ctx context.Context) (int64, error) {
 			if limit > 0 {
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithTimeout(ctx, limit)
 				defer cancel()
 			}
-			o := outbox.PurgeOpts{}
-			if opts != nil {
-				o = *opts
+			purger, err := outbox.New(pool, &outbox.Config{Schema: scaleSchema, PublishedRetention: retention + age})
+			if err != nil {
+				return 0, err
 			}
-			o.PublishedRetention = retention + age
-			res, err := ob.Purge(ctx, &o)
+			res, err := purger.Purge(ctx, opts)
 			if limit > 0 && errors.Is(err, context.DeadlineExceeded) {
 				err = nil
 			}
@@ -849,7 +848,7 @@ func (b scaleBench) outboxPurge(ctx context.Context, pool *pgxpool.Pool, emit fu
 	runs := []purgeRun{
 		{"no_index", purge(30*day, nil, b.outboxCap)},
 		{"default", purge(20*day, nil, 0)},
-		{"paced", purge(10*day, &outbox.PurgeOpts{BatchSize: pacedLedger.BatchSize, Pause: pacedLedger.Pause}, 0)},
+		{"paced", purge(10*day, pacedLedger, 0)},
 	}
 	index := func(ctx context.Context, done int) error {
 		if done > 0 {
