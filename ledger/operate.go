@@ -53,9 +53,9 @@ type ListOpts struct {
 	KeyPatterns []string
 	// Origin keeps records whose origin ([Record.Origin]) has its WorkflowID, RunID and
 	// ActivityType, each when set (WorkflowType is not looked at). With KeyPatterns too,
-	// a record passes when either matches: records written before the ledger's migration
-	// 004, or with no origin, are found by their key. Defaults to the zero Origin: every
-	// record.
+	// a record with no origin (written before the ledger's migration 004, or outside a
+	// worker with oncekit's plugin) passes when its key matches one of them. Defaults to
+	// the zero Origin: every record.
 	Origin Origin
 	// After continues a listing after this record, the last of the previous page: the
 	// records come newest first, ordered by creation time and then by tenant,
