@@ -16,6 +16,7 @@ import (
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekit/oncekit/keys"
@@ -126,6 +127,17 @@ func TestUI_Browser(t *testing.T) {
 	liveKey := string(keys.Run("0196f3c3-1111-7a1b-9c55-2f0e8b6d1a44", "5"))
 	b.claim(t, "shop", "payments.charge", liveKey, time.Hour)
 	b.deadEvents(t, "payments.captured")
+	// Workflow order-1 charged in two runs, under default keys, which hold run IDs only.
+	chargeKeys := map[string]string{}
+	for _, run := range []string{"0196f3c4-aaaa-7a1b-9c55-2f0e8b6d1a44", "0196f3c4-bbbb-7a1b-9c55-2f0e8b6d1a44"} {
+		k := string(keys.Run(run, "5"))
+		chargeKeys[run] = k
+		octx := ledger.WithOrigin(ctx, ledger.Origin{WorkflowID: "order-1", RunID: run, WorkflowType: "Order", ActivityType: "payments.Charge"})
+		_, err := b.ledger.Do(octx, intent(t, "shop", "payments.Charge", k), func(context.Context, pgx.Tx) (ledger.Response, error) {
+			return ledger.Response{Body: []byte(`{"charge":"ch_1"}`)}, nil
+		}, nil)
+		require.NoError(t, err)
+	}
 
 	s := startUI(t, b, uiFlags{temporalUI: "http://localhost:8233"})
 	browser := newBrowser(t)
@@ -164,13 +176,44 @@ func TestUI_Browser(t *testing.T) {
 	step(t, op, "reveal", chromedp.Click("#reveal"), chromedp.WaitVisible("#body-text"))
 	require.Contains(t, text(t, op, "#body-text"), "4242 4242")
 
+	// "Workflow order-1 charged twice?": a search by its workflow ID alone finds both runs'
+	// charges, and each record names the run that made it, linked to Temporal's Web UI.
+	step(t, op, "search by workflow ID",
+		chromedp.Navigate(s.url+"/records"),
+		chromedp.SetValue(`#search input[name="workflow_id"]`, "order-1"),
+		chromedp.SetValue(`#search input[name="activity_type"]`, "payments.Charge"),
+		chromedp.Click("#search-button"),
+		chromedp.WaitVisible("table.records"))
+	results = text(t, op, "table.records")
+	for _, k := range chargeKeys {
+		require.Contains(t, results, k)
+	}
+	require.NotContains(t, results, runKey)
+	require.Contains(t, results, "order-1")
+	sctx, cancel = context.WithTimeout(op, 20*time.Second)
+	n, err := chromedp.Run(sctx, chromedp.Evaluate[int]("document.querySelectorAll('table.records tbody tr').length"))
+	cancel()
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	screenshot(t, op, "search-workflow")
+	run := "0196f3c4-bbbb-7a1b-9c55-2f0e8b6d1a44"
+	step(t, op, "charge record", chromedp.Click(`a.key[href*="bbbb"]`), chromedp.WaitVisible("#workflow"))
+	require.Contains(t, text(t, op, "#workflow"), "order-1")
+	require.Contains(t, text(t, op, "#run"), run)
+	require.Equal(t, "payments.Charge", text(t, op, "#activity-type"))
+	sctx, cancel = context.WithTimeout(op, 20*time.Second)
+	href, err := chromedp.Run(sctx, chromedp.Evaluate[string]("document.querySelector('#temporal').href"))
+	cancel()
+	require.NoError(t, err)
+	require.Equal(t, "http://localhost:8233/namespaces/default/workflows/order-1/"+run+"/history", href)
+
 	// A pending record: lease, downstream key, a link to Temporal's Web UI.
 	step(t, op, "stuck record", chromedp.Navigate(s.url+"/record?"+q("tenant", "shop", "operation", "payments.charge", "key", runKey)),
 		chromedp.WaitVisible("#lease"))
 	require.Contains(t, text(t, op, "#lease"), "expired")
 	require.NotEmpty(t, text(t, op, "#downstream"))
 	sctx, cancel = context.WithTimeout(op, 20*time.Second)
-	href, err := chromedp.Run(sctx, chromedp.Evaluate[string]("document.querySelector('#temporal').href"))
+	href, err = chromedp.Run(sctx, chromedp.Evaluate[string]("document.querySelector('#temporal').href"))
 	cancel()
 	require.NoError(t, err)
 	require.Contains(t, href, "http://localhost:8233/namespaces/default/workflows?query=RunId")

@@ -203,6 +203,7 @@ func (c *console) backlog(ctx context.Context, s *uiShard, d *pageData) ([]topic
 type searchForm struct {
 	Tenant, Operation, State, Key, KeyPrefix string
 	WorkflowID, RunID, ActivityID            string
+	ActivityType                             string
 	Since, Until                             string
 	Stuck                                    bool
 	Limit                                    int
@@ -212,7 +213,7 @@ type searchForm struct {
 func formFilters(r *http.Request) (searchForm, filters, error) {
 	sf := searchForm{Tenant: r.FormValue("tenant"), Operation: r.FormValue("operation"), State: r.FormValue("state"),
 		Key: r.FormValue("key"), KeyPrefix: r.FormValue("key_prefix"), WorkflowID: r.FormValue("workflow_id"),
-		RunID: r.FormValue("run_id"), ActivityID: r.FormValue("activity_id"), Since: r.FormValue("since"),
+		RunID: r.FormValue("run_id"), ActivityID: r.FormValue("activity_id"), ActivityType: r.FormValue("activity_type"), Since: r.FormValue("since"),
 		Until: r.FormValue("until"), Stuck: r.FormValue("stuck") == "1", Limit: uiPageLimit}
 	if l := r.FormValue("limit"); l != "" {
 		n, err := strconv.Atoi(l)
@@ -223,7 +224,7 @@ func formFilters(r *http.Request) (searchForm, filters, error) {
 	}
 	f := filters{state: sf.State, tenant: sf.Tenant, operation: sf.Operation, since: sf.Since, until: sf.Until,
 		keyPrefix: sf.KeyPrefix, stuck: sf.Stuck, limit: sf.Limit, after: r.FormValue("after"),
-		id: identity{workflowID: sf.WorkflowID, runID: sf.RunID, activityID: sf.ActivityID}}
+		id: identity{workflowID: sf.WorkflowID, runID: sf.RunID, activityID: sf.ActivityID, activityType: sf.ActivityType}}
 	return sf, f, nil
 }
 
@@ -235,8 +236,8 @@ func listOpts(sf searchForm, f filters, now time.Time) (ledger.ListOpts, error) 
 		return o, err
 	}
 	if sf.Key != "" {
-		if len(o.KeyPatterns) > 0 {
-			return o, usageError{"a key, and workflow, run or activity IDs, choose records each alone: give one of them"}
+		if len(o.KeyPatterns) > 0 || !o.Origin.IsZero() {
+			return o, usageError{"a key, and workflow, run or activity IDs or an activity type, choose records each alone: give one of them"}
 		}
 		o.KeyPatterns = []string{likeEscape(sf.Key)}
 	}
@@ -248,7 +249,7 @@ func (sf searchForm) query() url.Values {
 	q := url.Values{}
 	for k, v := range map[string]string{"tenant": sf.Tenant, "operation": sf.Operation, "state": sf.State, "key": sf.Key,
 		"key_prefix": sf.KeyPrefix, "workflow_id": sf.WorkflowID, "run_id": sf.RunID, "activity_id": sf.ActivityID,
-		"since": sf.Since, "until": sf.Until} {
+		"activity_type": sf.ActivityType, "since": sf.Since, "until": sf.Until} {
 		if v != "" {
 			q.Set(k, v)
 		}
@@ -369,7 +370,7 @@ func (c *console) showRecord(r *http.Request, s *uiShard, d *pageData, reveal bo
 				p.DownstreamKey = string(dk)
 			}
 		}
-		p.TemporalLink = c.temporalLink(key)
+		p.TemporalLink = c.temporalLink(key, rec.Origin)
 		action := ledger.ActionEvict
 		if rec.State == ledger.StatePending {
 			action = ledger.ActionRelease
@@ -393,13 +394,17 @@ func externalCall(key keys.Key) bool {
 	return false
 }
 
-// temporalLink is the address of the workflow of an activity's key in Temporal's Web UI:
-// the workflow itself when the key names it, else a search by run ID.
-func (c *console) temporalLink(key keys.Key) string {
+// temporalLink is the address in Temporal's Web UI of the workflow run that wrote a
+// record: its origin's, or the one its key names (a search by run ID when the key holds
+// only that).
+func (c *console) temporalLink(key keys.Key, o ledger.Origin) string {
 	if c.temporalUI == "" {
 		return ""
 	}
 	base := c.temporalUI + "/namespaces/" + url.PathEscape(c.ns) + "/workflows"
+	if o.WorkflowID != "" && o.RunID != "" {
+		return base + "/" + url.PathEscape(o.WorkflowID) + "/" + url.PathEscape(o.RunID) + "/history"
+	}
 	if wf, run, ok := sagaKey(key); ok {
 		return base + "/" + url.PathEscape(wf) + "/" + url.PathEscape(run) + "/history"
 	}
