@@ -283,6 +283,35 @@ func TestUI_Browser(t *testing.T) {
 	require.True(t, strings.Contains(text(t, op, "#who"), "read-only"))
 }
 
+// On a large table the overview's counts are reused for --count-cache and shown as
+// "about", with the time they were counted; a console that counts every load shows the
+// new count. (The table here counts as large from one row.)
+func TestUI_BrowserCountsCached(t *testing.T) {
+	chromiumPath(t)
+	b := setup(t)
+	ctx := context.Background()
+	b.stuck(t, "shop", "payments.charge", string(keys.Run("run-a", "1")))
+	_, err := b.pool.Exec(ctx, "ANALYZE "+pgx.Identifier{b.schema, "idempotency_records"}.Sanitize())
+	require.NoError(t, err)
+
+	cached := startUI(t, b, uiFlags{countCache: time.Hour, countCacheRows: 1})
+	fresh := startUI(t, b, uiFlags{})
+	op := tab(t, newBrowser(t), testOperatorToken)
+	step(t, op, "first count", chromedp.Navigate(cached.url+"/"), chromedp.WaitVisible("#counts"))
+	require.Equal(t, "1", text(t, op, "#count-stuck"))
+	step(t, op, "no age", chromedp.Query("#counts-age", chromedp.NodeNotPresent))
+
+	b.stuck(t, "shop", "payments.charge", string(keys.Run("run-a", "2")))
+	step(t, op, "reused count", chromedp.Navigate(cached.url+"/"), chromedp.WaitVisible("#counts-age"))
+	require.Equal(t, "about 1", text(t, op, "#count-stuck"))
+	require.Contains(t, text(t, op, "#counts-age"), "Records counted at")
+	require.Equal(t, "about 0", text(t, op, "#count-uncertain"))
+
+	step(t, op, "counted again", chromedp.Navigate(fresh.url+"/"), chromedp.WaitVisible("#counts"))
+	require.Equal(t, "2", text(t, op, "#count-stuck"))
+	step(t, op, "fresh: no age", chromedp.Query("#counts-age", chromedp.NodeNotPresent))
+}
+
 // chromedp is a dependency of the tests alone: no file of the command imports it, so
 // the command's binary does not carry it.
 func TestUI_ChromedpIsTestOnly(t *testing.T) {

@@ -88,13 +88,16 @@ func rows(d *pageData, recs []ledger.Record) []row {
 type homePage struct {
 	Stuck, Uncertain []row
 	UncertainCount   int64
-	Dead             []eventView
-	Backlog          []topicBacklog
-	Inbox            []subscriberView
-	Stats            ledger.Stats
-	Outbox           outbox.Stats
-	StuckLink        string
-	ReleaseStuck     string
+	// CountsAbout is set when the counts were reused from CountedAt (a large table).
+	CountsAbout  bool
+	CountedAt    time.Time
+	Dead         []eventView
+	Backlog      []topicBacklog
+	Inbox        []subscriberView
+	Stats        ledger.Stats
+	Outbox       outbox.Stats
+	StuckLink    string
+	ReleaseStuck string
 }
 
 // topicBacklog is the outbox's pending and dead events of a topic.
@@ -110,9 +113,11 @@ func (c *console) home(r *http.Request, s *uiShard, d *pageData) (string, error)
 	d.Title = "Overview"
 	var p homePage
 	var err error
-	if p.Stats, err = s.ledger.Stats(ctx); err != nil {
+	n, err := c.counts(ctx, s)
+	if err != nil {
 		return "", err
 	}
+	p.Stats, p.UncertainCount, p.CountsAbout, p.CountedAt = n.Stats, n.Uncertain, n.About, n.At
 	stuck, err := s.ledger.List(ctx, &ledger.ListOpts{Stuck: true, Limit: panelLimit})
 	if err != nil {
 		return "", err
@@ -120,7 +125,7 @@ func (c *console) home(r *http.Request, s *uiShard, d *pageData) (string, error)
 	p.Stuck = rows(d, stuck)
 	p.StuckLink = link("/records", d, url.Values{"stuck": {"1"}})
 	p.ReleaseStuck = link("/change", d, url.Values{"action": {"release"}, "stuck": {"1"}})
-	uncertain, err := c.uncertain(ctx, s, &p.UncertainCount)
+	uncertain, err := c.uncertain(ctx, s)
 	if err != nil {
 		return "", err
 	}
@@ -145,13 +150,10 @@ func (c *console) home(r *http.Request, s *uiShard, d *pageData) (string, error)
 	return "home", nil
 }
 
-// uncertain counts the records whose attempt may or may not have reached its provider,
-// and returns the newest of them.
-func (c *console) uncertain(ctx context.Context, s *uiShard, count *int64) ([]ledger.Record, error) {
+// uncertain returns the newest records whose attempt may or may not have reached its
+// provider.
+func (c *console) uncertain(ctx context.Context, s *uiShard) ([]ledger.Record, error) {
 	table := pgx.Identifier{c.a.schema, "idempotency_records"}.Sanitize()
-	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE uncertain").Scan(count); err != nil {
-		return nil, err
-	}
 	rs, err := s.pool.Query(ctx, "SELECT tenant, operation, key FROM "+table+" WHERE uncertain ORDER BY updated_at DESC LIMIT $1", panelLimit)
 	if err != nil {
 		return nil, err
