@@ -283,6 +283,56 @@ func TestUI_Browser(t *testing.T) {
 	require.True(t, strings.Contains(text(t, op, "#who"), "read-only"))
 }
 
+// A saga's page shows its recorded outcome and links to the records its run wrote (its
+// steps and compensations); a step's page links back to the saga.
+func TestUI_BrowserSagaAndItsSteps(t *testing.T) {
+	chromiumPath(t)
+	b := setup(t)
+	ctx := context.Background()
+	run := "0196f3c5-cccc-7a1b-9c55-2f0e8b6d1a44"
+	origin := func(activity string) context.Context {
+		return ledger.WithOrigin(ctx, ledger.Origin{WorkflowID: "order-7", RunID: run, WorkflowType: "Order", ActivityType: activity})
+	}
+	sagaKey, err := keys.Business("saga", "order-7", run)
+	require.NoError(t, err)
+	claim, err := b.ledger.Claim(origin("oncekit.saga.Begin"), intent(t, "shop", sagaOperation, string(sagaKey)), nil)
+	require.NoError(t, err)
+	stepKey, err := keys.Derive(sagaKey, "step.charge")
+	require.NoError(t, err)
+	compKey, err := keys.Derive(stepKey, "compensation")
+	require.NoError(t, err)
+	for _, st := range []struct {
+		op  string
+		key keys.Key
+	}{{"payments.Charge", stepKey}, {"payments.Refund", compKey}} {
+		_, err := b.ledger.Do(origin(st.op), intent(t, "shop", st.op, string(st.key)), func(context.Context, pgx.Tx) (ledger.Response, error) {
+			return ledger.Response{Body: []byte(`{}`)}, nil
+		}, nil)
+		require.NoError(t, err)
+	}
+	require.NoError(t, b.ledger.Fail(ctx, claim.Lease, ledger.Definitive("oncekit.saga.Compensated", "the card was declined; refunded")))
+	b.complete(t, "shop", "payments.Charge", string(keys.Run("another-run", "1")), `{}`)
+
+	s := startUI(t, b, uiFlags{})
+	op := tab(t, newBrowser(t), testOperatorToken)
+	step(t, op, "saga", chromedp.Navigate(s.url+"/record?"+q("tenant", "shop", "operation", sagaOperation, "key", string(sagaKey))),
+		chromedp.WaitVisible("#saga-outcome"))
+	require.Equal(t, "ended with oncekit.saga.Compensated: the card was declined; refunded", text(t, op, "#saga-outcome"))
+	panel := text(t, op, "#panel-run")
+	require.Contains(t, panel, "steps and compensations")
+	require.Contains(t, panel, string(stepKey))
+	require.Contains(t, panel, string(compKey))
+	require.NotContains(t, panel, "another-run")
+	screenshot(t, op, "saga")
+
+	step(t, op, "step", chromedp.Click(`#panel-run a.key[href*="payments.Charge"]`), chromedp.WaitVisible("#panel-run"))
+	require.Contains(t, text(t, op, "#key"), string(stepKey))
+	step(t, op, "no outcome on a step", chromedp.Query("#saga-outcome", chromedp.NodeNotPresent))
+	require.Contains(t, text(t, op, "#panel-run"), string(sagaKey))
+	step(t, op, "back to the saga", chromedp.Click(`#panel-run a.key[href*="oncekit.saga"]`), chromedp.WaitVisible("#saga-outcome"))
+	require.Contains(t, text(t, op, "#key"), string(sagaKey))
+}
+
 // On a large table the overview's counts are reused for --count-cache and shown as
 // "about", with the time they were counted; a console that counts every load shows the
 // new count. (The table here counts as large from one row.)

@@ -325,6 +325,33 @@ type recordPage struct {
 	TemporalLink           string
 	ActionLink             string
 	ActionName             string
+	// Saga is set on a saga's record: how it ended, as its record says.
+	Saga string
+	// Run lists the other records the same workflow run wrote: a saga's steps and
+	// compensations on its page, and the saga beside a step's; RunMore is set when there
+	// are more than shown, RunLink searches them all.
+	Run     []row
+	RunMore bool
+	RunLink string
+}
+
+// sagaOperation is the operation sagas record their outcome under (saga.Operation; the
+// command does not import package saga, which would bring Temporal's SDK into it).
+const sagaOperation = "oncekit.saga"
+
+// sagaOutcome says how a saga ended, from its record's state: never from its body,
+// which stays hidden until revealed.
+func sagaOutcome(r *ledger.Record) string {
+	switch r.State {
+	case ledger.StateCompleted:
+		return "completed: its result is the stored body"
+	case ledger.StateFailed:
+		return "ended with " + r.ErrorCode + ": " + r.ErrorMessage
+	}
+	if r.LeaseExpired {
+		return "running, but its run stopped renewing its claim: the next run of the workflow takes it over"
+	}
+	return "running: a run holds it"
 }
 
 func (c *console) record(r *http.Request, s *uiShard, d *pageData) (string, error) {
@@ -373,6 +400,26 @@ func (c *console) showRecord(r *http.Request, s *uiShard, d *pageData, reveal bo
 			}
 		}
 		p.TemporalLink = c.temporalLink(key, rec.Origin)
+		if scope.Operation == sagaOperation {
+			p.Saga = sagaOutcome(rec)
+		}
+		if run := rec.Origin.RunID; run != "" {
+			same, err := s.ledger.List(ctx, &ledger.ListOpts{Tenant: scope.Tenant, Origin: ledger.Origin{RunID: run}, Limit: panelLimit + 2})
+			if err != nil {
+				return "", err
+			}
+			others := make([]ledger.Record, 0, len(same))
+			for _, o := range same {
+				if o.Scope != scope || o.Key != key {
+					others = append(others, o)
+				}
+			}
+			if len(others) > panelLimit {
+				others, p.RunMore = others[:panelLimit], true
+			}
+			p.Run = rows(d, others)
+			p.RunLink = link("/records", d, url.Values{"tenant": {scope.Tenant}, "run_id": {run}})
+		}
 		action := ledger.ActionEvict
 		if rec.State == ledger.StatePending {
 			action = ledger.ActionRelease
