@@ -164,6 +164,20 @@ func resolve(ctx context.Context, o Opts) (*guard, error) {
 	return g, nil
 }
 
+// withOrigin returns ctx carrying the activity's [ledger.Origin], unless it carries one
+// (oncekit's worker plugin puts it there), so that the records a guarded call writes
+// name their workflow, run and activity type on a worker built without the plugin too.
+func (g *guard) withOrigin(ctx context.Context) context.Context {
+	if _, ok := ledger.OriginFrom(ctx); ok {
+		return ctx
+	}
+	o := ledger.Origin{WorkflowID: g.info.WorkflowExecution.ID, RunID: g.info.WorkflowExecution.RunID, ActivityType: g.info.ActivityType.Name}
+	if g.info.WorkflowType != nil {
+		o.WorkflowType = g.info.WorkflowType.Name
+	}
+	return ledger.WithOrigin(ctx, o)
+}
+
 // MetricCalls is the counter package activity adds to through Temporal's metrics handler
 // (activity.GetMetricsHandler), so the SDK's own Prometheus or OpenTelemetry setup shows
 // it beside the workflow type and task queue: one per guarded call, tagged with

@@ -39,7 +39,7 @@ func Do[Req, Resp any](ctx context.Context, req Req, fn Func[Req, Resp], opts *O
 	}
 	var res ledger.Result
 	err = g.waitLoop(ctx, func(wait time.Duration) error {
-		res, err = g.l.Do(ctx, g.in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
+		res, err = g.l.Do(g.withOrigin(ctx), g.in, func(ctx context.Context, tx pgx.Tx) (ledger.Response, error) {
 			out, err := fn(ctx, tx, call, req)
 			if err != nil {
 				return ledger.Response{}, err

@@ -77,7 +77,7 @@ func External[Req, Resp any](ctx context.Context, req Req, call CallFunc[Req, Re
 	}
 	var claim ledger.ClaimResult
 	err = g.waitLoop(ctx, func(wait time.Duration) error {
-		claim, err = g.l.Claim(ctx, g.in, &ledger.ClaimOpts{Wait: wait, Lease: g.lease()})
+		claim, err = g.l.Claim(g.withOrigin(ctx), g.in, &ledger.ClaimOpts{Wait: wait, Lease: g.lease()})
 		return err
 	})
 	outcome := ledger.OutcomeOf(claim.Result, err)

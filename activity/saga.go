@@ -49,7 +49,7 @@ func sagaGuard(ctx context.Context, req sagarec.BeginRequest) (*guard, error) {
 func claimSaga(ctx context.Context, g *guard, req sagarec.BeginRequest) (*ledger.Lease, sagarec.Recorded, error) {
 	var claim ledger.ClaimResult
 	err := g.waitLoop(ctx, func(wait time.Duration) (err error) {
-		claim, err = g.l.Claim(ctx, g.in, &ledger.ClaimOpts{Wait: wait, Lease: req.Lease, Token: req.Token})
+		claim, err = g.l.Claim(g.withOrigin(ctx), g.in, &ledger.ClaimOpts{Wait: wait, Lease: req.Lease, Token: req.Token})
 		return err
 	})
 	var derr *ledger.DefinitiveError
@@ -129,7 +129,7 @@ func sagaCompensating(ctx context.Context, req sagarec.CompensatingRequest) (sag
 		if err != nil {
 			return err
 		}
-		claim, err := g.l.ClaimTx(ctx, tx, ledger.Intent{Scope: g.in.Scope, Key: key, Fingerprint: keys.Fingerprint(req.Fingerprint)},
+		claim, err := g.l.ClaimTx(g.withOrigin(ctx), tx, ledger.Intent{Scope: g.in.Scope, Key: key, Fingerprint: keys.Fingerprint(req.Fingerprint)},
 			&ledger.ClaimOpts{Token: req.Token, Lease: req.Lease})
 		if err != nil {
 			return toTemporal(err)

@@ -140,6 +140,7 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 			return res, err
 		}
 	}
+	origin := originArgs(ctx)
 	start := time.Now()
 	for {
 		res, free, err := l.settleQ(ctx, q, in, o.Wait, start, false)
@@ -153,7 +154,8 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 		lease := &Lease{Intent: in, Token: token}
 		var createdAt time.Time
 		args := []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), l.now(),
-			string(in.Fingerprint), token, pgsql.Interval(o.Lease), pgsql.Interval(l.retention(in.Scope.Operation, o.Retention))}
+			string(in.Fingerprint), token, pgsql.Interval(o.Lease), pgsql.Interval(l.retention(in.Scope.Operation, o.Retention)),
+			origin[0], origin[1], origin[2], origin[3]}
 		dest := []any{&lease.Attempt, &lease.Uncertain, &lease.Until, &createdAt}
 		if tx, ok := q.(pgx.Tx); ok {
 			err = l.claimInTx(ctx, tx, o.Wait-time.Since(start), args, dest)

@@ -396,7 +396,8 @@ func (a *attempt) execute(ctx context.Context, fn Func, retention time.Duration)
 	// time between fn's last result and the record's round trip is time the server
 	// waits, and on a machine whose idle CPUs sleep a moment there costs more than its
 	// length.
-	done, doneArgs := l.completedBatch(in, retention, lt.end())
+	origin := originArgs(ctx)
+	done, doneArgs := l.completedBatch(in, retention, origin, lt.end())
 	resp, fnErr := fn(ctx, p)
 	if a.decided {
 		return a.res, a.err
@@ -445,7 +446,7 @@ func (a *attempt) execute(ctx context.Context, fn Func, retention time.Duration)
 			}
 		}
 		what = "store failure"
-		a.record = l.failedArgs(in, derr, retention, created, a.now)
+		a.record = l.failedArgs(in, derr, retention, created, a.now, origin)
 		err = commitFailure(ctx, lt, p, recordBatch(l.q.insertFailed, a.record, lt.end()))
 	case fnErr != nil:
 		if err := lt.abort(cleanup, p); err != nil {

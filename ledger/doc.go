@@ -99,7 +99,10 @@
 // [Ledger.List], [Ledger.Stats], [Ledger.Change] and [Ledger.Audit] are what the oncekit
 // command runs for an operator: find records by tenant, operation, time and key, and
 // release a stuck claim or evict a wrong result, with an audit row that says who did it,
-// when, why and what the record held.
+// when, why and what the record held. A record carries its [Origin], the Temporal
+// workflow, run and activity that wrote it, when the writer's context has one
+// ([WithOrigin]; oncekit's worker plugin sets it for every activity), so an operator finds
+// a workflow's records from its workflow ID whatever their keys are made of.
 //
 // # Schema
 //

@@ -218,12 +218,18 @@ func (l *Ledger) get(ctx context.Context, q querier, scope keys.Scope, key keys.
 	if err := key.ValidateLen(l.cfg.MaxKeyLen); err != nil {
 		return nil, err
 	}
-	rec, err := l.lookup(ctx, q, scope, key)
+	r := &Record{Scope: scope, Key: key}
+	var sc recordScan
+	var origin [4]*string
+	dest := append(sc.dest(r), &origin[0], &origin[1], &origin[2], &origin[3])
+	err := q.QueryRow(ctx, l.q.get, scope.Tenant, scope.Operation, string(key), l.now()).Scan(dest...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil {
-		return nil, ErrNotFound
-	}
-	return rec, nil
+	sc.finish(r)
+	r.Origin = Origin{WorkflowID: deref(origin[0]), RunID: deref(origin[1]), WorkflowType: deref(origin[2]), ActivityType: deref(origin[3])}
+	return r, nil
 }

@@ -360,10 +360,11 @@ func lockTimeout(d time.Duration) string {
 }
 
 // completedBatch is the batch of a completed record with everything but the clock, the
-// response and the record's time, which [Ledger.setCompleted] fills in through args.
-func (l *Ledger) completedBatch(in Intent, retention time.Duration, end string) (b *pgx.Batch, args []any) {
+// response and the record's time, which [Ledger.setCompleted] fills in through args;
+// origin is the record's [Origin] ($11 to $14).
+func (l *Ledger) completedBatch(in Intent, retention time.Duration, origin [4]any, end string) (b *pgx.Batch, args []any) {
 	args = []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), nil, string(in.Fingerprint),
-		pgsql.Interval(retention), nil, nil, nil, nil}
+		pgsql.Interval(retention), nil, nil, nil, nil, origin[0], origin[1], origin[2], origin[3]}
 	return recordBatch(l.q.insertCompleted, args, end), args
 }
 
@@ -375,10 +376,11 @@ func setCompleted(args []any, resp Response, at time.Time, now *time.Time) {
 	args[6], args[7], args[8], args[9] = resp.Code, resp.Body, nullable(resp.ResourceRef), at
 }
 
-func (l *Ledger) failedArgs(in Intent, derr *DefinitiveError, retention time.Duration, at time.Time, now *time.Time) []any {
+func (l *Ledger) failedArgs(in Intent, derr *DefinitiveError, retention time.Duration, at time.Time, now *time.Time, origin [4]any) []any {
 	code, body := failureResponse(derr)
 	return []any{in.Scope.Tenant, in.Scope.Operation, string(in.Key), now, string(in.Fingerprint),
-		pgsql.Interval(retention), storableText(derr.Code), storableText(derr.Message), at, code, body}
+		pgsql.Interval(retention), storableText(derr.Code), storableText(derr.Message), at, code, body,
+		origin[0], origin[1], origin[2], origin[3]}
 }
 
 // failureResponse is the status and body a definitive failure stores: its Response's,

@@ -51,6 +51,12 @@ type ListOpts struct {
 	// for any run of bytes, '_' for one, '\' escaping either), for keys composed of parts
 	// such as a workflow's run ID and an activity ID. Defaults to none: every key.
 	KeyPatterns []string
+	// Origin keeps records whose origin ([Record.Origin]) has its WorkflowID, RunID and
+	// ActivityType, each when set (WorkflowType is not looked at). With KeyPatterns too,
+	// a record with no origin (written before the ledger's migration 004, or outside a
+	// worker with oncekit's plugin) passes when its key matches one of them. Defaults to
+	// the zero Origin: every record.
+	Origin Origin
 	// After continues a listing after this record, the last of the previous page: the
 	// records come newest first, ordered by creation time and then by tenant,
 	// operation and key, and After's CreatedAt, Scope and Key say where the page
@@ -86,7 +92,8 @@ func (l *Ledger) List(ctx context.Context, opts *ListOpts) ([]Record, error) {
 		afterTenant, afterOp, afterKey = o.After.Scope.Tenant, o.After.Scope.Operation, string(o.After.Key)
 	}
 	args := []any{string(o.State), o.Operation, o.Tenant, o.OlderThan.Seconds(), o.Stuck, o.Limit, l.now(),
-		o.KeyPrefix, patterns, optionalTime(o.CreatedAfter), optionalTime(o.CreatedBefore), after, afterTenant, afterOp, afterKey}
+		o.KeyPrefix, patterns, optionalTime(o.CreatedAfter), optionalTime(o.CreatedBefore), after, afterTenant, afterOp, afterKey,
+		o.Origin.WorkflowID, o.Origin.RunID, o.Origin.ActivityType}
 	if o.Tenant != "" {
 		pool, err := l.r.Pool(o.Tenant)
 		if err != nil {
@@ -115,9 +122,12 @@ func (l *Ledger) listOn(ctx context.Context, pool *pgxpool.Pool, args []any) ([]
 		var r Record
 		var sc recordScan
 		var key string
-		err := row.Scan(append([]any{&r.Scope.Tenant, &r.Scope.Operation, &key}, sc.dest(&r)...)...)
+		var origin [4]*string
+		err := row.Scan(append(append([]any{&r.Scope.Tenant, &r.Scope.Operation, &key}, sc.dest(&r)...),
+			&origin[0], &origin[1], &origin[2], &origin[3])...)
 		r.Key = keys.Key(key)
 		sc.finish(&r)
+		r.Origin = Origin{WorkflowID: deref(origin[0]), RunID: deref(origin[1]), WorkflowType: deref(origin[2]), ActivityType: deref(origin[3])}
 		return r, err
 	})
 	if err != nil {

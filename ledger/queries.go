@@ -27,6 +27,8 @@ type querier interface {
 // timestamptz: NULL means the database's now().
 type queries struct {
 	lookup string
+	// get is lookup with the record's origin, for operators.
+	get string
 	// Do claims with claimLocal, which fails with division_by_zero when the
 	// key is taken, or claimCheck, which answers; in a caller's transaction claimProbe
 	// follows the claim, for records its snapshot cannot see.
@@ -79,6 +81,7 @@ func newQueries(schema string) queries {
 	}
 	return queries{
 		lookup:             load("lookup"),
+		get:                load("get"),
 		claimLocal:         load("claim_local"),
 		claimCheck:         load("claim_check"),
 		claimProbe:         load("claim_probe"),

@@ -77,6 +77,11 @@ type Record struct {
 	Expired bool
 	// LeaseExpired reports whether a pending record's lease had run out when it was read.
 	LeaseExpired bool
+	// Origin is where the intent came from, as the attempt that first wrote the record
+	// had it in its context ([WithOrigin]). Operators' reads ([Ledger.Get], [Ledger.List])
+	// fill it in; it is zero for a record written without one, or before the ledger's
+	// migration 004.
+	Origin Origin
 }
 
 func (r *Record) result(replayed bool) Result {

@@ -37,11 +37,11 @@ func TestRecordExpiry_ProcessClockAhead_Behind(t *testing.T) {
 	} {
 		in := Intent{Scope: keys.Scope{Tenant: "acme", Operation: "orders.create"}, Key: keys.Key(c.key), Fingerprint: "fp"}
 		at := time.Now().Add(c.skew).Truncate(time.Microsecond)
-		b, args := l.completedBatch(in, time.Hour, "COMMIT")
+		b, args := l.completedBatch(in, time.Hour, [4]any{}, "COMMIT")
 		setCompleted(args, Response{Code: 201}, at, nil)
 		sql := b.QueuedQueries[0].SQL
 		if c.failed {
-			sql, args = l.q.insertFailed, l.failedArgs(in, &DefinitiveError{Code: "no", Message: "no"}, time.Hour, at, nil)
+			sql, args = l.q.insertFailed, l.failedArgs(in, &DefinitiveError{Code: "no", Message: "no"}, time.Hour, at, nil, [4]any{})
 		}
 		_, err := pool.Exec(ctx, sql, args...)
 		require.NoError(t, err, c.key)

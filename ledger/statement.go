@@ -120,10 +120,11 @@ func (l *Ledger) DoStatement(ctx context.Context, in Intent, st Statement, opts 
 		return Result{}, err
 	}
 	s := &stmtAttempt{l: l, in: in, conn: conn.Conn(), text: text, w: newWait(ctx, o.Wait), code: st.Code,
-		retention: l.retention(in.Scope.Operation, o.Retention)}
-	s.args = append(append(make([]any, 0, len(args)+10), args...),
+		retention: l.retention(in.Scope.Operation, o.Retention), base: len(args)}
+	origin := originArgs(ctx)
+	s.args = append(append(make([]any, 0, len(args)+14), args...),
 		in.Scope.Tenant, in.Scope.Operation, string(in.Key), string(in.Fingerprint), int32(st.Code), l.lockKey(in),
-		nil, int32(l.cfg.MaxBodyBytes), nil, pgsql.Interval(s.retention))
+		nil, int32(l.cfg.MaxBodyBytes), nil, pgsql.Interval(s.retention), origin[0], origin[1], origin[2], origin[3])
 	return s.run(ctx)
 }
 
@@ -171,7 +172,8 @@ func (l *Ledger) guarded(sql string, n int) (string, error) {
 		"{{tenant}}", param(1, "text"), "{{operation}}", param(2, "text"), "{{key}}", param(3, "text"),
 		"{{fingerprint}}", param(4, "text"), "{{code}}", param(5, "int4"), "{{lock}}", param(6, "int8"),
 		"{{now}}", param(7, "timestamptz"), "{{max}}", param(8, "int4"), "{{at}}", param(9, "timestamptz"),
-		"{{retention}}", param(10, "interval"),
+		"{{retention}}", param(10, "interval"), "{{workflow_id}}", param(11, "text"), "{{run_id}}", param(12, "text"),
+		"{{workflow_type}}", param(13, "text"), "{{activity_type}}", param(14, "text"),
 	).Replace(l.q.statement)
 	guardedMu.Lock()
 	if len(guardedCache) >= guardedLimit {
@@ -192,6 +194,8 @@ type stmtAttempt struct {
 	w         wait
 	code      int
 	retention time.Duration
+	// base is how many arguments the caller's statement has: the ledger's follow them.
+	base int
 }
 
 // The guarded statement refuses a taken key, and a body over the limit, by failing a
@@ -223,13 +227,13 @@ func (s *stmtAttempt) run(ctx context.Context) (Result, error) {
 	for {
 		now := s.l.now()
 		at := s.l.recordedAt()
-		n := len(s.args)
+		// The ledger's parameters 7 (now) and 9 (the record's time).
 		if now != nil {
-			s.args[n-4] = *now
+			s.args[s.base+6] = *now
 		} else {
-			s.args[n-4] = nil
+			s.args[s.base+6] = nil
 		}
-		s.args[n-2] = at
+		s.args[s.base+8] = at
 		rec, body, err := s.send(ctx, now, inTx)
 		if err == nil {
 			return Result{Response: Response{Code: s.code, Body: body}, Attempts: 1, CreatedAt: at}, nil

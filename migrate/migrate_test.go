@@ -36,7 +36,7 @@ func lines(t *testing.T, conn interface {
 	return out
 }
 
-var want = map[string]int{"ledger": 3, "webhook": 1, "inbox": 1, "outbox": 5, "agent": 1}
+var want = map[string]int{"ledger": 4, "webhook": 1, "inbox": 1, "outbox": 5, "agent": 1}
 
 // wantFiles is the number of files of every line.
 func wantFiles() int {

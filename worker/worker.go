@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	commonpb "go.temporal.io/api/common/v1"
+	tactivity "go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/interceptor"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/workflow"
@@ -71,8 +72,10 @@ func NewPlugin(cfg Config) (*temporal.SimplePlugin, error) {
 	})
 }
 
-// Interceptor returns the worker interceptor that puts l, and defaultTenant when the
-// activity carries no tenant, into every activity's context; an empty defaultTenant
+// Interceptor returns the worker interceptor that puts l, the activity's
+// [ledger.Origin] (its workflow ID, run ID, workflow type and activity type, which
+// every record it writes carries), and defaultTenant when the activity carries no
+// tenant, into every activity's context; an empty defaultTenant
 // leaves such activities without one. It turns an activity.Definitive failure returned
 // by any activity into the non-retryable ApplicationError typed by its code that
 // activity.Do returns. It also carries the tenant, a step's key and a
@@ -108,6 +111,16 @@ func (a *activityInterceptor) ExecuteActivity(ctx context.Context, in *intercept
 		}
 	}
 	ctx = activity.WithLedger(ctx, a.wi.l)
+	if _, ok := ledger.OriginFrom(ctx); !ok {
+		// Every record the activity writes says where it came from, so an operator finds
+		// it from the workflow ID whatever its key is made of.
+		info := tactivity.GetInfo(ctx)
+		o := ledger.Origin{WorkflowID: info.WorkflowExecution.ID, RunID: info.WorkflowExecution.RunID, ActivityType: info.ActivityType.Name}
+		if info.WorkflowType != nil { // nil for an activity no workflow started
+			o.WorkflowType = info.WorkflowType.Name
+		}
+		ctx = ledger.WithOrigin(ctx, o)
+	}
 	if _, ok := keys.TenantFrom(ctx); !ok && a.wi.tenant != "" {
 		ctx = keys.WithTenant(ctx, a.wi.tenant)
 	}

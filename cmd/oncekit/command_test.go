@@ -436,7 +436,7 @@ func TestConventions(t *testing.T) {
 
 	r = oncekit(t, nil, "version")
 	require.Equal(t, exitOK, r.code, r.errOut)
-	require.Contains(t, r.out, "ledger 3")
+	require.Contains(t, r.out, "ledger 4")
 	r = oncekit(t, nil, "--version")
 	require.Equal(t, exitOK, r.code)
 	require.True(t, strings.HasPrefix(r.out, "oncekit "))

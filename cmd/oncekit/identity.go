@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/oncekit/oncekit/keys"
+	"github.com/oncekit/oncekit/ledger"
 )
 
 // Activity keys are composed from Temporal identities by package keys: "v1:KIND:PART:PART"
@@ -34,10 +35,34 @@ var identityKinds = []struct {
 
 // identity is what an operator looks records up by.
 type identity struct {
-	workflowID, runID, activityID string
+	workflowID, runID, activityID, activityType string
 }
 
-func (id identity) empty() bool { return id.workflowID == "" && id.runID == "" && id.activityID == "" }
+func (id identity) empty() bool {
+	return id.workflowID == "" && id.runID == "" && id.activityID == "" && id.activityType == ""
+}
+
+// origin is the part of id that records carry in their origin columns, and the key
+// patterns that find the records written without an origin. With an activity ID, which
+// no column holds, the keys alone decide.
+func (id identity) origin() (ledger.Origin, []string, error) {
+	if id.activityID != "" {
+		if id.activityType != "" {
+			return ledger.Origin{}, nil, usageError{"--activity-id is looked for in keys, which do not hold the activity type: drop --activity-type or --activity-id"}
+		}
+		p, err := id.patterns()
+		return ledger.Origin{}, p, err
+	}
+	o := ledger.Origin{WorkflowID: id.workflowID, RunID: id.runID, ActivityType: id.activityType}
+	byKey := identity{workflowID: id.workflowID, runID: id.runID}
+	if byKey.empty() {
+		return o, nil, nil
+	}
+	// Records without an origin are found by the keys that hold these IDs, when some
+	// kind of key holds them all.
+	p, _ := byKey.patterns()
+	return o, p, nil
+}
 
 // placeholder stands for an unknown part while a key is composed: a byte no ID holds,
 // which the escaping turns into "%01", found again in the composed key.
@@ -53,7 +78,7 @@ func escapedPart(s string) string {
 // a part for each ID given. It returns none when id is empty, and an error when no kind
 // of key carries all of the IDs given.
 func (id identity) patterns() ([]string, error) {
-	if id.empty() {
+	if id.workflowID == "" && id.runID == "" && id.activityID == "" {
 		return nil, nil
 	}
 	given := map[string]string{"workflow": id.workflowID, "run": id.runID, "activity": id.activityID}

@@ -22,7 +22,7 @@ func (a *app) inspectCommand() *cobra.Command {
 		Short: "Show one record, its downstream key and its audit rows",
 		Long: `inspect shows the record of KEY in TENANT's OPERATION: its state (marked when it expired,
 and, for a pending record, its owner and the time its lease has left or ran out since),
-what the key is made of, the downstream key an activity sent its provider (what to ask the
+what the key is made of, the workflow, run and activity type that wrote it, the downstream key an activity sent its provider (what to ask the
 provider about), the stored result (the body's size and SHA-256; the body itself only with
 --show-body), and the audit rows of every release and eviction of the key, kept even when
 the record is gone.`,
@@ -128,6 +128,16 @@ func printInspect(w *tabwriter.Writer, iv inspectView, purpose string) {
 		fmt.Fprintf(w, "tenant\t%s\noperation\t%s\nkey\t%s\n", v.Tenant, v.Operation, v.Key)
 		if v.KeyParts != "" {
 			fmt.Fprintf(w, "key parts\t%s\n", v.KeyParts)
+		}
+		if v.WorkflowID != "" || v.RunID != "" {
+			wf := fmt.Sprintf("%q, run %s", v.WorkflowID, orDash(v.RunID))
+			if v.WorkflowType != "" {
+				wf += fmt.Sprintf(", type %s", v.WorkflowType)
+			}
+			fmt.Fprintf(w, "workflow\t%s\n", wf)
+		}
+		if v.ActivityType != "" {
+			fmt.Fprintf(w, "activity type\t%s\n", v.ActivityType)
 		}
 		fmt.Fprintf(w, "state\t%s\n", v.stateText(iv.Now))
 		if v.State == string(ledger.StatePending) {

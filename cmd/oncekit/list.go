@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -36,8 +35,9 @@ func (f *filters) register(fs *pflag.FlagSet, paging bool) {
 	fs.StringVar(&f.since, "since", "", "only records created at or after this time: RFC 3339 (2025-01-02T15:04:05Z) or a duration ago (90m)")
 	fs.StringVar(&f.until, "until", "", "only records created before this time: RFC 3339 or a duration ago")
 	fs.StringVar(&f.keyPrefix, "key-prefix", "", "only records whose key starts with this")
-	fs.StringVar(&f.id.workflowID, "workflow-id", "", "only activity keys of this workflow (workflow-scoped keys, and a saga's default key)")
-	fs.StringVar(&f.id.runID, "run-id", "", "only activity keys of this workflow run (run-scoped keys, and a saga's default key)")
+	fs.StringVar(&f.id.workflowID, "workflow-id", "", "only records this workflow's activities and sagas wrote (older records: keys that hold the workflow ID)")
+	fs.StringVar(&f.id.runID, "run-id", "", "only records this workflow run's activities and sagas wrote (older records: keys that hold the run ID)")
+	fs.StringVar(&f.id.activityType, "activity-type", "", "only records activities of this type wrote, such as payments.Charge")
 	fs.StringVar(&f.id.activityID, "activity-id", "", "only activity keys of this activity ID")
 	fs.IntVar(&f.limit, "limit", 100, fmt.Sprintf("at most this many records, 1 to %d", maxListLimit))
 	if paging {
@@ -72,7 +72,7 @@ func (f *filters) opts(now time.Time) (ledger.ListOpts, error) {
 	if o.CreatedBefore, err = parseWhen("--until", f.until, now); err != nil {
 		return o, err
 	}
-	if o.KeyPatterns, err = f.id.patterns(); err != nil {
+	if o.Origin, o.KeyPatterns, err = f.id.origin(); err != nil {
 		return o, err
 	}
 	if f.after != "" {
@@ -117,14 +117,18 @@ func (a *app) listCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use: "list",
 		Example: `  oncekit list --stuck
-  oncekit list --run-id 0196f3c2-7d4e-7a1b-9c55-2f0e8b6d1a44
+  oncekit list --workflow-id order-1
+  oncekit list --run-id 0196f3c2-7d4e-7a1b-9c55-2f0e8b6d1a44 --activity-type payments.Charge
   oncekit list --tenant shop --operation payments.charge --since 2h
   oncekit list --key-prefix order- --limit 20 --json`,
 		Short: "List records, newest first, found by tenant, operation, state, time, key or Temporal IDs",
-		Long: `list shows records newest first. Filters combine. Activity keys are made of Temporal
-identities (run ID and activity ID by default, workflow ID and activity ID when
-workflow-scoped), so --workflow-id, --run-id and --activity-id find an activity's records;
-a saga's default key holds its workflow ID and original run ID. When more records match
+		Long: `list shows records newest first. Filters combine. Records written by activities and sagas
+on a worker with oncekit's plugin carry their workflow ID, run ID and activity type, so
+--workflow-id, --run-id and --activity-type find them whatever their keys are made of;
+records written before the ledger's migration 004 are found by their keys, which hold
+Temporal IDs (run ID and activity ID by default, workflow ID and activity ID when
+workflow-scoped; a saga's default key holds its workflow ID and original run ID), and
+--activity-id looks in keys alone. When more records match
 than --limit, list says so and prints the --after cursor of the next page (in JSON,
 next_cursor). It reads the table: on a large one, narrow by --tenant and --operation.`,
 		Args: args(0, ""),
@@ -143,24 +147,14 @@ type listView struct {
 	Hint string `json:"hint,omitempty"`
 }
 
-// workflowHint says, for a lookup by --workflow-id alone, that default activity keys
-// hold the run ID and not the workflow ID, and names the runs that the sagas' default
-// keys among recs hold; "" for any other lookup.
+// workflowHint says, for a lookup by --workflow-id alone that found nothing, where
+// records written before the ledger's migration 004 (which carry no workflow ID) are;
+// "" for any other lookup.
 func workflowHint(id identity, recs []ledger.Record) string {
-	if id.workflowID == "" || id.runID != "" {
+	if id.workflowID == "" || id.runID != "" || id.activityID != "" || len(recs) > 0 {
 		return ""
 	}
-	hint := fmt.Sprintf("--workflow-id finds workflow-scoped keys and sagas' default keys only; default activity keys hold the run ID, not the workflow ID: find the workflow's runs (temporal workflow list -q 'WorkflowId=%q') and use --run-id", id.workflowID)
-	var runs []string
-	for _, r := range recs {
-		if wf, run, ok := sagaKey(r.Key); ok && wf == id.workflowID && !slices.Contains(runs, run) {
-			runs = append(runs, run)
-		}
-	}
-	for _, run := range runs {
-		hint += fmt.Sprintf(". The saga of workflow %q started in run %s: oncekit list --run-id %s", id.workflowID, run, run)
-	}
-	return hint
+	return fmt.Sprintf("records written before the ledger's migration 004 carry no workflow ID, and default activity keys hold the run ID, not the workflow ID: find the workflow's runs (temporal workflow list -q 'WorkflowId=%q') and use --run-id", id.workflowID)
 }
 
 // sagaKey reads a saga's default key (keys.Business("saga", workflow ID, run ID)).
@@ -208,7 +202,7 @@ func (a *app) list(f *filters) error {
 	}
 	lv.Hint = workflowHint(f.id, recs)
 	err = a.emit(lv, func(w *tabwriter.Writer) {
-		fmt.Fprintln(w, "TENANT\tOPERATION\tKEY\tSTATE\tATTEMPTS\tCREATED")
+		fmt.Fprintln(w, "TENANT\tOPERATION\tKEY\tSTATE\tATTEMPTS\tCREATED\tWORKFLOW\tACTIVITY TYPE")
 		for _, v := range lv.Records {
 			state := v.State
 			switch {
@@ -220,7 +214,8 @@ func (a *app) list(f *filters) error {
 			if v.Expired {
 				state += " (expired)"
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", v.Tenant, v.Operation, v.Key, state, v.Attempts, rfc3339(v.CreatedAt))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", v.Tenant, v.Operation, v.Key, state, v.Attempts, rfc3339(v.CreatedAt),
+				orDash(v.WorkflowID), orDash(v.ActivityType))
 		}
 	})
 	if err == nil && lv.More && !a.json {

@@ -297,8 +297,8 @@ func TestErrors_OneLineAndJSON(t *testing.T) {
 	}
 }
 
-// list --workflow-id says that default activity keys hold the run ID, and names the run
-// a saga's default key holds, instead of printing a bare header.
+// list --workflow-id that finds nothing says where records written before migration 004
+// are; one that finds records says nothing more.
 func TestList_WorkflowIDHint(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -315,15 +315,78 @@ func TestList_WorkflowIDHint(t *testing.T) {
 	r = b.runJSON(t, &lv, "list", "--workflow-id", "order-1")
 	require.Equal(t, exitOK, r.code, r.errOut)
 	require.Len(t, lv.Records, 1)
-	require.Contains(t, lv.Hint, "oncekit list --run-id run-7")
-	var again listView
-	b.runJSON(t, &again, "list", "--run-id", "run-7")
-	require.Len(t, again.Records, 2, "the hint's command finds the run's activity")
+	require.Empty(t, lv.Hint)
 	r = b.run(t, "list", "--run-id", "run-7")
 	require.NotContains(t, r.errOut, "note:", "no hint without --workflow-id")
 	r = b.run(t, "release", "--workflow-id", "order-9")
 	require.Equal(t, exitNotFound, r.code)
 	require.Contains(t, r.errOut, "--run-id")
+}
+
+// Under default keys, which hold the run ID and not the workflow ID, list and inspect
+// find a workflow's records from its workflow ID, by the origin they carry; records
+// written without one are still found by their keys; --activity-type narrows.
+func TestList_ByWorkflowIDUnderDefaultKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	write := func(key, op string, o *ledger.Origin) {
+		c := ctx
+		if o != nil {
+			c = ledger.WithOrigin(ctx, *o)
+		}
+		_, err := b.ledger.Do(c, intent(t, "shop", op, key), func(context.Context, pgx.Tx) (ledger.Response, error) {
+			return ledger.Response{Code: 201, Body: []byte(`{"charge":"ch_1"}`)}, nil
+		}, nil)
+		require.NoError(t, err)
+	}
+	charge := ledger.Origin{WorkflowID: "order-1", RunID: "run-a", WorkflowType: "Order", ActivityType: "payments.Charge"}
+	write(string(keys.Run("run-a", "5")), "payments.Charge", &charge)
+	retry := ledger.Origin{WorkflowID: "order-1", RunID: "run-b", WorkflowType: "Order", ActivityType: "payments.Charge"}
+	write(string(keys.Run("run-b", "5")), "payments.Charge", &retry) // a second run charged again
+	ship := ledger.Origin{WorkflowID: "order-1", RunID: "run-a", WorkflowType: "Order", ActivityType: "shipping.Ship"}
+	write(string(keys.Run("run-a", "6")), "shipping.Ship", &ship)
+	write(string(keys.Run("run-z", "5")), "payments.Charge", &ledger.Origin{WorkflowID: "order-2", RunID: "run-z", ActivityType: "payments.Charge"})
+	write(string(keys.Workflow("order-1", "9")), "payments.Charge", nil) // written before 004
+
+	keysOf := func(args ...string) []string {
+		var lv listView
+		r := b.runJSON(t, &lv, append([]string{"list"}, args...)...)
+		require.Equal(t, exitOK, r.code, r.errOut)
+		var out []string
+		for _, v := range lv.Records {
+			out = append(out, v.Key)
+		}
+		return out
+	}
+	require.ElementsMatch(t, []string{string(keys.Run("run-a", "5")), string(keys.Run("run-b", "5")), string(keys.Run("run-a", "6")),
+		string(keys.Workflow("order-1", "9"))}, keysOf("--workflow-id", "order-1"))
+	require.ElementsMatch(t, []string{string(keys.Run("run-a", "5")), string(keys.Run("run-b", "5")), string(keys.Workflow("order-1", "9"))},
+		keysOf("--workflow-id", "order-1", "--operation", "payments.Charge"))
+	require.ElementsMatch(t, []string{string(keys.Run("run-a", "5")), string(keys.Run("run-b", "5")), string(keys.Workflow("order-1", "9"))},
+		keysOf("--workflow-id", "order-1", "--activity-type", "payments.Charge"), "the old record has no type: its key decides")
+	require.ElementsMatch(t, []string{string(keys.Run("run-a", "5")), string(keys.Run("run-a", "6"))}, keysOf("--run-id", "run-a"))
+	require.ElementsMatch(t, []string{string(keys.Run("run-a", "6"))}, keysOf("--activity-type", "shipping.Ship"))
+
+	r := b.run(t, "list", "--run-id", "run-a", "--activity-id", "5", "--activity-type", "payments.Charge")
+	require.Equal(t, exitUsage, r.code, r.errOut)
+	require.Contains(t, r.errOut, "--activity-type")
+
+	r = b.run(t, "list", "--workflow-id", "order-1", "--operation", "payments.Charge")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Contains(t, r.out, "WORKFLOW")
+	require.Regexp(t, regexp.MustCompile(`v1:run:run-b:5\s+completed\s+1\s+\S+\s+order-1\s+payments.Charge`), r.out)
+	require.NotContains(t, r.errOut, "note:")
+
+	r = b.run(t, "inspect", "shop", "payments.Charge", string(keys.Run("run-b", "5")))
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Contains(t, r.out, `"order-1", run run-b, type Order`)
+	require.Regexp(t, `activity type\s+payments.Charge`, r.out)
+	var iv inspectView
+	b.runJSON(t, &iv, "inspect", "shop", "payments.Charge", string(keys.Run("run-b", "5")))
+	require.Equal(t, "order-1", iv.Record.WorkflowID)
+	require.Equal(t, "run-b", iv.Record.RunID)
+	require.Equal(t, "payments.Charge", iv.Record.ActivityType)
 }
 
 // docs/operating.md's table of exit codes says what the command's help says.

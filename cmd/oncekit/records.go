@@ -65,6 +65,11 @@ type recordView struct {
 	UpdatedAt     time.Time  `json:"updated_at"`
 	ExpiresAt     time.Time  `json:"expires_at"`
 	DownstreamKey string     `json:"downstream_key,omitempty"`
+	// The record's origin: the Temporal workflow, run and activity that wrote it.
+	WorkflowID   string `json:"workflow_id,omitempty"`
+	RunID        string `json:"run_id,omitempty"`
+	WorkflowType string `json:"workflow_type,omitempty"`
+	ActivityType string `json:"activity_type,omitempty"`
 }
 
 // view shows r; its body only when showBody is set, its size and digest always.
@@ -73,7 +78,8 @@ func view(r ledger.Record, showBody bool) recordView {
 		State: string(r.State), Stuck: r.State == ledger.StatePending && r.LeaseExpired, Expired: r.Expired,
 		Fingerprint: string(r.Fingerprint), StatusCode: r.Response.Code, BodyBytes: len(r.Response.Body),
 		ResourceRef: r.Response.ResourceRef, ErrorCode: r.ErrorCode, ErrorMessage: r.ErrorMessage, Uncertain: r.Uncertain,
-		Attempts: r.Attempts, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, ExpiresAt: r.ExpiresAt}
+		Attempts: r.Attempts, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, ExpiresAt: r.ExpiresAt,
+		WorkflowID: r.Origin.WorkflowID, RunID: r.Origin.RunID, WorkflowType: r.Origin.WorkflowType, ActivityType: r.Origin.ActivityType}
 	if len(r.Response.Body) > 0 {
 		sum := sha256.Sum256(r.Response.Body)
 		v.BodySHA256 = hex.EncodeToString(sum[:])

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -49,6 +50,8 @@ type uiFlags struct {
 	temporalUI, temporalNS  string
 	insecureLocal, readOnly bool
 	shutdownTimeout         time.Duration
+	countCache              time.Duration
+	countCacheRows          float64           // tests: the table size from which counts are reused (countCacheRowsDefault)
 	ready                   func(addr string) // tests: called with the address once listening
 	stop                    <-chan struct{}   // tests: closing it stops the server
 }
@@ -60,9 +63,10 @@ func (a *app) uiCommand() *cobra.Command {
 		Short: "Serve a web console: search records, look at one, release, evict, retry and purge with a reason",
 		Long: `ui serves a web console on --listen (127.0.0.1:8080 by default) over the same database,
 schema and shards as the other commands: search records (by tenant, operation, state, key
-or key prefix, workflow, run or activity ID, time), a record's page (state, lease, owner,
-attempts, downstream key, audit rows; the stored body hidden until an operator reveals
-it), panels of stuck claims, uncertain outcomes, dead outbox events, the outbox's backlog
+or key prefix, workflow ID, run ID, activity type, activity ID, time), a record's page
+(state, lease, owner, attempts, the workflow, run and activity type that wrote it,
+downstream key, audit rows; the stored body hidden until an operator reveals it), counts
+(reused for --count-cache on a large ledger, shown as "about"), panels of stuck claims, uncertain outcomes, dead outbox events, the outbox's backlog
 by topic and the inbox, and the actions release, evict, outbox retry and purge, each
 shown as a dry run first and made only with a reason, keeping the same audit rows as the
 commands, naming the console's user.
@@ -92,6 +96,7 @@ request is an operator's, named "local". --read-only refuses every action to eve
 	fl.BoolVar(&f.readOnly, "read-only", false, "refuse every action (release, evict, retry, purge) to everyone")
 	fl.StringVar(&f.temporalUI, "temporal-ui", "", "the address of Temporal's Web UI, such as http://localhost:8233, to link a record to its workflow")
 	fl.StringVar(&f.temporalNS, "temporal-namespace", "default", "the Temporal namespace of the workflows, for the links to Temporal's Web UI")
+	fl.DurationVar(&f.countCache, "count-cache", countCacheDefault, "on a ledger of more than 100000 records, how long the overview's counts are reused, shown as \"about\"; 0 counts on every load")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT or SIGTERM, how long requests in flight have to finish")
 	return cmd
 }
@@ -109,6 +114,7 @@ type uiShard struct {
 	ledger *ledger.Ledger
 	outbox *outbox.Outbox
 	inbox  *inbox.Inbox
+	counts countCache
 }
 
 // console serves the pages.
@@ -119,6 +125,8 @@ type console struct {
 	open           bool // --insecure-local: no authentication
 	readOnly       bool
 	temporalUI, ns string
+	countFor       time.Duration
+	countFromRows  float64
 	pages          map[string]*template.Template
 	log            *log.Logger
 }
@@ -132,7 +140,11 @@ func (a *app) ui(f *uiFlags) error {
 	if err != nil {
 		return err
 	}
+	if f.countCache < 0 {
+		return usageError{"--count-cache must not be negative"}
+	}
 	c := &console{a: a, users: users, readOnly: f.readOnly, temporalUI: strings.TrimSuffix(f.temporalUI, "/"), ns: f.temporalNS,
+		countFor: f.countCache, countFromRows: cmp.Or(f.countCacheRows, countCacheRowsDefault),
 		log: log.New(a.errOut, "oncekit ui: ", log.LstdFlags|log.LUTC)}
 	switch {
 	case len(users) > 0 && f.insecureLocal:

@@ -16,6 +16,7 @@ import (
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekit/oncekit/keys"
@@ -101,6 +102,28 @@ func text(t *testing.T, ctx context.Context, sel string) string {
 	return s
 }
 
+// searched waits until the tab shows the results of a search whose query holds param:
+// the page before the search may show a table of records too.
+func searched(t *testing.T, ctx context.Context, param string) {
+	arrived(t, ctx, param, "table.records")
+}
+
+// arrived waits until the tab shows a page whose query holds param and that has sel,
+// for a click that leaves a page that has sel too.
+func arrived(t *testing.T, ctx context.Context, param, sel string) {
+	t.Helper()
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for {
+		_, err := chromedp.Run(sctx, chromedp.Poll[bool](fmt.Sprintf("location.search.includes(%q) && document.readyState === 'complete' && document.querySelector(%q) !== null", param, sel)))
+		if err != nil && sctx.Err() == nil {
+			continue // the poll began on the page the search left, which went away under it
+		}
+		require.NoError(t, err, "the search for %s", param)
+		return
+	}
+}
+
 // screenshot writes the page as docs/images/console-NAME.png when ONCEKIT_UI_SCREENSHOTS=1.
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
@@ -126,6 +149,17 @@ func TestUI_Browser(t *testing.T) {
 	liveKey := string(keys.Run("0196f3c3-1111-7a1b-9c55-2f0e8b6d1a44", "5"))
 	b.claim(t, "shop", "payments.charge", liveKey, time.Hour)
 	b.deadEvents(t, "payments.captured")
+	// Workflow order-1 charged in two runs, under default keys, which hold run IDs only.
+	chargeKeys := map[string]string{}
+	for _, run := range []string{"0196f3c4-aaaa-7a1b-9c55-2f0e8b6d1a44", "0196f3c4-bbbb-7a1b-9c55-2f0e8b6d1a44"} {
+		k := string(keys.Run(run, "5"))
+		chargeKeys[run] = k
+		octx := ledger.WithOrigin(ctx, ledger.Origin{WorkflowID: "order-1", RunID: run, WorkflowType: "Order", ActivityType: "payments.Charge"})
+		_, err := b.ledger.Do(octx, intent(t, "shop", "payments.Charge", k), func(context.Context, pgx.Tx) (ledger.Response, error) {
+			return ledger.Response{Body: []byte(`{"charge":"ch_1"}`)}, nil
+		}, nil)
+		require.NoError(t, err)
+	}
 
 	s := startUI(t, b, uiFlags{temporalUI: "http://localhost:8233"})
 	browser := newBrowser(t)
@@ -142,8 +176,8 @@ func TestUI_Browser(t *testing.T) {
 		chromedp.Navigate(s.url+"/records"),
 		chromedp.SetValue(`#search input[name="tenant"]`, "shop"),
 		chromedp.SetValue(`#search input[name="operation"]`, "orders.create"),
-		chromedp.Click("#search-button"),
-		chromedp.WaitVisible("table.records"))
+		chromedp.Click("#search-button"))
+	searched(t, op, "operation=orders.create")
 	results := text(t, op, "table.records")
 	require.Contains(t, results, "order-17")
 	require.NotContains(t, results, "payments.charge")
@@ -164,13 +198,44 @@ func TestUI_Browser(t *testing.T) {
 	step(t, op, "reveal", chromedp.Click("#reveal"), chromedp.WaitVisible("#body-text"))
 	require.Contains(t, text(t, op, "#body-text"), "4242 4242")
 
+	// "Workflow order-1 charged twice?": a search by its workflow ID alone finds both runs'
+	// charges, and each record names the run that made it, linked to Temporal's Web UI.
+	step(t, op, "search by workflow ID",
+		chromedp.Navigate(s.url+"/records"),
+		chromedp.SetValue(`#search input[name="workflow_id"]`, "order-1"),
+		chromedp.SetValue(`#search input[name="activity_type"]`, "payments.Charge"),
+		chromedp.Click("#search-button"))
+	searched(t, op, "workflow_id=order-1")
+	results = text(t, op, "table.records")
+	for _, k := range chargeKeys {
+		require.Contains(t, results, k)
+	}
+	require.NotContains(t, results, runKey)
+	require.Contains(t, results, "order-1")
+	sctx, cancel = context.WithTimeout(op, 20*time.Second)
+	n, err := chromedp.Run(sctx, chromedp.Evaluate[int]("document.querySelectorAll('table.records tbody tr').length"))
+	cancel()
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	screenshot(t, op, "search-workflow")
+	run := "0196f3c4-bbbb-7a1b-9c55-2f0e8b6d1a44"
+	step(t, op, "charge record", chromedp.Click(`a.key[href*="bbbb"]`), chromedp.WaitVisible("#workflow"))
+	require.Contains(t, text(t, op, "#workflow"), "order-1")
+	require.Contains(t, text(t, op, "#run"), run)
+	require.Equal(t, "payments.Charge", text(t, op, "#activity-type"))
+	sctx, cancel = context.WithTimeout(op, 20*time.Second)
+	href, err := chromedp.Run(sctx, chromedp.Evaluate[string]("document.querySelector('#temporal').href"))
+	cancel()
+	require.NoError(t, err)
+	require.Equal(t, "http://localhost:8233/namespaces/default/workflows/order-1/"+run+"/history", href)
+
 	// A pending record: lease, downstream key, a link to Temporal's Web UI.
 	step(t, op, "stuck record", chromedp.Navigate(s.url+"/record?"+q("tenant", "shop", "operation", "payments.charge", "key", runKey)),
 		chromedp.WaitVisible("#lease"))
 	require.Contains(t, text(t, op, "#lease"), "expired")
 	require.NotEmpty(t, text(t, op, "#downstream"))
 	sctx, cancel = context.WithTimeout(op, 20*time.Second)
-	href, err := chromedp.Run(sctx, chromedp.Evaluate[string]("document.querySelector('#temporal').href"))
+	href, err = chromedp.Run(sctx, chromedp.Evaluate[string]("document.querySelector('#temporal').href"))
 	cancel()
 	require.NoError(t, err)
 	require.Contains(t, href, "http://localhost:8233/namespaces/default/workflows?query=RunId")
@@ -238,6 +303,86 @@ func TestUI_Browser(t *testing.T) {
 	step(t, op, "read-only: no action", chromedp.Navigate(ro.url+"/record?"+q("tenant", "shop", "operation", "orders.create", "key", "order-17")),
 		chromedp.WaitVisible("#state"), chromedp.Query("#action", chromedp.NodeNotPresent))
 	require.True(t, strings.Contains(text(t, op, "#who"), "read-only"))
+}
+
+// A saga's page shows its recorded outcome and links to the records its run wrote (its
+// steps and compensations); a step's page links back to the saga.
+func TestUI_BrowserSagaAndItsSteps(t *testing.T) {
+	chromiumPath(t)
+	b := setup(t)
+	ctx := context.Background()
+	run := "0196f3c5-cccc-7a1b-9c55-2f0e8b6d1a44"
+	origin := func(activity string) context.Context {
+		return ledger.WithOrigin(ctx, ledger.Origin{WorkflowID: "order-7", RunID: run, WorkflowType: "Order", ActivityType: activity})
+	}
+	sagaKey, err := keys.Business("saga", "order-7", run)
+	require.NoError(t, err)
+	claim, err := b.ledger.Claim(origin("oncekit.saga.Begin"), intent(t, "shop", sagaOperation, string(sagaKey)), nil)
+	require.NoError(t, err)
+	stepKey, err := keys.Derive(sagaKey, "step.charge")
+	require.NoError(t, err)
+	compKey, err := keys.Derive(stepKey, "compensation")
+	require.NoError(t, err)
+	for _, st := range []struct {
+		op  string
+		key keys.Key
+	}{{"payments.Charge", stepKey}, {"payments.Refund", compKey}} {
+		_, err := b.ledger.Do(origin(st.op), intent(t, "shop", st.op, string(st.key)), func(context.Context, pgx.Tx) (ledger.Response, error) {
+			return ledger.Response{Body: []byte(`{}`)}, nil
+		}, nil)
+		require.NoError(t, err)
+	}
+	require.NoError(t, b.ledger.Fail(ctx, claim.Lease, ledger.Definitive("oncekit.saga.Compensated", "the card was declined; refunded")))
+	b.complete(t, "shop", "payments.Charge", string(keys.Run("another-run", "1")), `{}`)
+
+	s := startUI(t, b, uiFlags{})
+	op := tab(t, newBrowser(t), testOperatorToken)
+	step(t, op, "saga", chromedp.Navigate(s.url+"/record?"+q("tenant", "shop", "operation", sagaOperation, "key", string(sagaKey))),
+		chromedp.WaitVisible("#saga-outcome"))
+	require.Equal(t, "ended with oncekit.saga.Compensated: the card was declined; refunded", text(t, op, "#saga-outcome"))
+	panel := text(t, op, "#panel-run")
+	require.Contains(t, panel, "steps and compensations")
+	require.Contains(t, panel, string(stepKey))
+	require.Contains(t, panel, string(compKey))
+	require.NotContains(t, panel, "another-run")
+	screenshot(t, op, "saga")
+
+	step(t, op, "step", chromedp.Click(`#panel-run a.key[href*="payments.Charge"]`))
+	arrived(t, op, "operation=payments.Charge", "#panel-run")
+	require.Contains(t, text(t, op, "#key"), string(stepKey))
+	step(t, op, "no outcome on a step", chromedp.Query("#saga-outcome", chromedp.NodeNotPresent))
+	require.Contains(t, text(t, op, "#panel-run"), string(sagaKey))
+	step(t, op, "back to the saga", chromedp.Click(`#panel-run a.key[href*="oncekit.saga"]`), chromedp.WaitVisible("#saga-outcome"))
+	require.Contains(t, text(t, op, "#key"), string(sagaKey))
+}
+
+// On a large table the overview's counts are reused for --count-cache and shown as
+// "about", with the time they were counted; a console that counts every load shows the
+// new count. (The table here counts as large from one row.)
+func TestUI_BrowserCountsCached(t *testing.T) {
+	chromiumPath(t)
+	b := setup(t)
+	ctx := context.Background()
+	b.stuck(t, "shop", "payments.charge", string(keys.Run("run-a", "1")))
+	_, err := b.pool.Exec(ctx, "ANALYZE "+pgx.Identifier{b.schema, "idempotency_records"}.Sanitize())
+	require.NoError(t, err)
+
+	cached := startUI(t, b, uiFlags{countCache: time.Hour, countCacheRows: 1})
+	fresh := startUI(t, b, uiFlags{})
+	op := tab(t, newBrowser(t), testOperatorToken)
+	step(t, op, "first count", chromedp.Navigate(cached.url+"/"), chromedp.WaitVisible("#counts"))
+	require.Equal(t, "1", text(t, op, "#count-stuck"))
+	step(t, op, "no age", chromedp.Query("#counts-age", chromedp.NodeNotPresent))
+
+	b.stuck(t, "shop", "payments.charge", string(keys.Run("run-a", "2")))
+	step(t, op, "reused count", chromedp.Navigate(cached.url+"/"), chromedp.WaitVisible("#counts-age"))
+	require.Equal(t, "about 1", text(t, op, "#count-stuck"))
+	require.Contains(t, text(t, op, "#counts-age"), "Records counted at")
+	require.Equal(t, "about 0", text(t, op, "#count-uncertain"))
+
+	step(t, op, "counted again", chromedp.Navigate(fresh.url+"/"), chromedp.WaitVisible("#counts"))
+	require.Equal(t, "2", text(t, op, "#count-stuck"))
+	step(t, op, "fresh: no age", chromedp.Query("#counts-age", chromedp.NodeNotPresent))
 }
 
 // chromedp is a dependency of the tests alone: no file of the command imports it, so

@@ -88,13 +88,16 @@ func rows(d *pageData, recs []ledger.Record) []row {
 type homePage struct {
 	Stuck, Uncertain []row
 	UncertainCount   int64
-	Dead             []eventView
-	Backlog          []topicBacklog
-	Inbox            []subscriberView
-	Stats            ledger.Stats
-	Outbox           outbox.Stats
-	StuckLink        string
-	ReleaseStuck     string
+	// CountsAbout is set when the counts were reused from CountedAt (a large table).
+	CountsAbout  bool
+	CountedAt    time.Time
+	Dead         []eventView
+	Backlog      []topicBacklog
+	Inbox        []subscriberView
+	Stats        ledger.Stats
+	Outbox       outbox.Stats
+	StuckLink    string
+	ReleaseStuck string
 }
 
 // topicBacklog is the outbox's pending and dead events of a topic.
@@ -110,9 +113,11 @@ func (c *console) home(r *http.Request, s *uiShard, d *pageData) (string, error)
 	d.Title = "Overview"
 	var p homePage
 	var err error
-	if p.Stats, err = s.ledger.Stats(ctx); err != nil {
+	n, err := c.counts(ctx, s)
+	if err != nil {
 		return "", err
 	}
+	p.Stats, p.UncertainCount, p.CountsAbout, p.CountedAt = n.Stats, n.Uncertain, n.About, n.At
 	stuck, err := s.ledger.List(ctx, &ledger.ListOpts{Stuck: true, Limit: panelLimit})
 	if err != nil {
 		return "", err
@@ -120,7 +125,7 @@ func (c *console) home(r *http.Request, s *uiShard, d *pageData) (string, error)
 	p.Stuck = rows(d, stuck)
 	p.StuckLink = link("/records", d, url.Values{"stuck": {"1"}})
 	p.ReleaseStuck = link("/change", d, url.Values{"action": {"release"}, "stuck": {"1"}})
-	uncertain, err := c.uncertain(ctx, s, &p.UncertainCount)
+	uncertain, err := c.uncertain(ctx, s)
 	if err != nil {
 		return "", err
 	}
@@ -145,13 +150,10 @@ func (c *console) home(r *http.Request, s *uiShard, d *pageData) (string, error)
 	return "home", nil
 }
 
-// uncertain counts the records whose attempt may or may not have reached its provider,
-// and returns the newest of them.
-func (c *console) uncertain(ctx context.Context, s *uiShard, count *int64) ([]ledger.Record, error) {
+// uncertain returns the newest records whose attempt may or may not have reached its
+// provider.
+func (c *console) uncertain(ctx context.Context, s *uiShard) ([]ledger.Record, error) {
 	table := pgx.Identifier{c.a.schema, "idempotency_records"}.Sanitize()
-	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE uncertain").Scan(count); err != nil {
-		return nil, err
-	}
 	rs, err := s.pool.Query(ctx, "SELECT tenant, operation, key FROM "+table+" WHERE uncertain ORDER BY updated_at DESC LIMIT $1", panelLimit)
 	if err != nil {
 		return nil, err
@@ -203,6 +205,7 @@ func (c *console) backlog(ctx context.Context, s *uiShard, d *pageData) ([]topic
 type searchForm struct {
 	Tenant, Operation, State, Key, KeyPrefix string
 	WorkflowID, RunID, ActivityID            string
+	ActivityType                             string
 	Since, Until                             string
 	Stuck                                    bool
 	Limit                                    int
@@ -212,7 +215,7 @@ type searchForm struct {
 func formFilters(r *http.Request) (searchForm, filters, error) {
 	sf := searchForm{Tenant: r.FormValue("tenant"), Operation: r.FormValue("operation"), State: r.FormValue("state"),
 		Key: r.FormValue("key"), KeyPrefix: r.FormValue("key_prefix"), WorkflowID: r.FormValue("workflow_id"),
-		RunID: r.FormValue("run_id"), ActivityID: r.FormValue("activity_id"), Since: r.FormValue("since"),
+		RunID: r.FormValue("run_id"), ActivityID: r.FormValue("activity_id"), ActivityType: r.FormValue("activity_type"), Since: r.FormValue("since"),
 		Until: r.FormValue("until"), Stuck: r.FormValue("stuck") == "1", Limit: uiPageLimit}
 	if l := r.FormValue("limit"); l != "" {
 		n, err := strconv.Atoi(l)
@@ -223,7 +226,7 @@ func formFilters(r *http.Request) (searchForm, filters, error) {
 	}
 	f := filters{state: sf.State, tenant: sf.Tenant, operation: sf.Operation, since: sf.Since, until: sf.Until,
 		keyPrefix: sf.KeyPrefix, stuck: sf.Stuck, limit: sf.Limit, after: r.FormValue("after"),
-		id: identity{workflowID: sf.WorkflowID, runID: sf.RunID, activityID: sf.ActivityID}}
+		id: identity{workflowID: sf.WorkflowID, runID: sf.RunID, activityID: sf.ActivityID, activityType: sf.ActivityType}}
 	return sf, f, nil
 }
 
@@ -235,8 +238,8 @@ func listOpts(sf searchForm, f filters, now time.Time) (ledger.ListOpts, error) 
 		return o, err
 	}
 	if sf.Key != "" {
-		if len(o.KeyPatterns) > 0 {
-			return o, usageError{"a key, and workflow, run or activity IDs, choose records each alone: give one of them"}
+		if len(o.KeyPatterns) > 0 || !o.Origin.IsZero() {
+			return o, usageError{"a key, and workflow, run or activity IDs or an activity type, choose records each alone: give one of them"}
 		}
 		o.KeyPatterns = []string{likeEscape(sf.Key)}
 	}
@@ -248,7 +251,7 @@ func (sf searchForm) query() url.Values {
 	q := url.Values{}
 	for k, v := range map[string]string{"tenant": sf.Tenant, "operation": sf.Operation, "state": sf.State, "key": sf.Key,
 		"key_prefix": sf.KeyPrefix, "workflow_id": sf.WorkflowID, "run_id": sf.RunID, "activity_id": sf.ActivityID,
-		"since": sf.Since, "until": sf.Until} {
+		"activity_type": sf.ActivityType, "since": sf.Since, "until": sf.Until} {
 		if v != "" {
 			q.Set(k, v)
 		}
@@ -322,6 +325,33 @@ type recordPage struct {
 	TemporalLink           string
 	ActionLink             string
 	ActionName             string
+	// Saga is set on a saga's record: how it ended, as its record says.
+	Saga string
+	// Run lists the other records the same workflow run wrote: a saga's steps and
+	// compensations on its page, and the saga beside a step's; RunMore is set when there
+	// are more than shown, RunLink searches them all.
+	Run     []row
+	RunMore bool
+	RunLink string
+}
+
+// sagaOperation is the operation sagas record their outcome under (saga.Operation; the
+// command does not import package saga, which would bring Temporal's SDK into it).
+const sagaOperation = "oncekit.saga"
+
+// sagaOutcome says how a saga ended, from its record's state: never from its body,
+// which stays hidden until revealed.
+func sagaOutcome(r *ledger.Record) string {
+	switch r.State {
+	case ledger.StateCompleted:
+		return "completed: its result is the stored body"
+	case ledger.StateFailed:
+		return "ended with " + r.ErrorCode + ": " + r.ErrorMessage
+	}
+	if r.LeaseExpired {
+		return "running, but its run stopped renewing its claim: the next run of the workflow takes it over"
+	}
+	return "running: a run holds it"
 }
 
 func (c *console) record(r *http.Request, s *uiShard, d *pageData) (string, error) {
@@ -369,7 +399,27 @@ func (c *console) showRecord(r *http.Request, s *uiShard, d *pageData, reveal bo
 				p.DownstreamKey = string(dk)
 			}
 		}
-		p.TemporalLink = c.temporalLink(key)
+		p.TemporalLink = c.temporalLink(key, rec.Origin)
+		if scope.Operation == sagaOperation {
+			p.Saga = sagaOutcome(rec)
+		}
+		if run := rec.Origin.RunID; run != "" {
+			same, err := s.ledger.List(ctx, &ledger.ListOpts{Tenant: scope.Tenant, Origin: ledger.Origin{RunID: run}, Limit: panelLimit + 2})
+			if err != nil {
+				return "", err
+			}
+			others := make([]ledger.Record, 0, len(same))
+			for _, o := range same {
+				if o.Scope != scope || o.Key != key {
+					others = append(others, o)
+				}
+			}
+			if len(others) > panelLimit {
+				others, p.RunMore = others[:panelLimit], true
+			}
+			p.Run = rows(d, others)
+			p.RunLink = link("/records", d, url.Values{"tenant": {scope.Tenant}, "run_id": {run}})
+		}
 		action := ledger.ActionEvict
 		if rec.State == ledger.StatePending {
 			action = ledger.ActionRelease
@@ -393,13 +443,17 @@ func externalCall(key keys.Key) bool {
 	return false
 }
 
-// temporalLink is the address of the workflow of an activity's key in Temporal's Web UI:
-// the workflow itself when the key names it, else a search by run ID.
-func (c *console) temporalLink(key keys.Key) string {
+// temporalLink is the address in Temporal's Web UI of the workflow run that wrote a
+// record: its origin's, or the one its key names (a search by run ID when the key holds
+// only that).
+func (c *console) temporalLink(key keys.Key, o ledger.Origin) string {
 	if c.temporalUI == "" {
 		return ""
 	}
 	base := c.temporalUI + "/namespaces/" + url.PathEscape(c.ns) + "/workflows"
+	if o.WorkflowID != "" && o.RunID != "" {
+		return base + "/" + url.PathEscape(o.WorkflowID) + "/" + url.PathEscape(o.RunID) + "/history"
+	}
 	if wf, run, ok := sagaKey(key); ok {
 		return base + "/" + url.PathEscape(wf) + "/" + url.PathEscape(run) + "/history"
 	}

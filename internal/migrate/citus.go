@@ -55,60 +55,62 @@ func Place(ctx context.Context, db Beginner, schema, colocateWith string, lines 
 
 func place(ctx context.Context, db Beginner, schema, colocateWith string, t Table) (did bool, err error) {
 	name := pgx.Identifier{schema, t.Name}.Sanitize()
-	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		var citus, exists bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus'), to_regclass($1) IS NOT NULL`,
-			name).Scan(&citus, &exists); err != nil {
-			return err
-		}
-		if !citus {
-			return ErrNotCitus
-		}
-		if !exists {
-			return nil
-		}
-		if _, err := tx.Exec(ctx, lockSQL(schema)); err != nil {
-			return err
-		}
-		// partmethod: 'h' hash-distributed, 'n' a reference or Citus local table.
-		var method *string
-		var group *int64
-		if err := tx.QueryRow(ctx, `SELECT partmethod::text, colocationid FROM pg_dist_partition WHERE logicalrelid = $1::regclass`,
-			name).Scan(&method, &group); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-		switch {
-		case t.Column == "" && method == nil:
-			did = true
-			// The coordinator must be in the metadata (citus_set_coordinator_host).
-			_, err := tx.Exec(ctx, `SELECT citus_add_local_table_to_metadata($1::regclass)`, name)
-			return err
-		case t.Column == "":
-			return nil
-		case method == nil:
-			target := colocateWith
-			if target == "" {
-				target = "default"
-			}
-			did = true
-			_, err := tx.Exec(ctx, `SELECT create_distributed_table($1::regclass, $2, colocate_with => $3)`, name, t.Column, target)
-			return err
-		case *method != "h":
-			return fmt.Errorf("the table is held by Citus already, not distributed (partition method %q): undistribute it (undistribute_table) and run again", *method)
-		case colocateWith != "":
-			var same bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass AND colocationid = $2)`,
-				colocateWith, *group).Scan(&same); err != nil {
+	err = whenFree(ctx, func() error {
+		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			var citus, exists bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus'), to_regclass($1) IS NOT NULL`,
+				name).Scan(&citus, &exists); err != nil {
 				return err
 			}
-			if same {
+			if !citus {
+				return ErrNotCitus
+			}
+			if !exists {
 				return nil
 			}
-			did = true
-			_, err := tx.Exec(ctx, `SELECT update_distributed_table_colocation($1::regclass, colocate_with => $2)`, name, colocateWith)
-			return err
-		}
-		return nil
+			if err := tryLock(ctx, tx, schema, "pg_try_advisory_xact_lock"); err != nil {
+				return err
+			}
+			// partmethod: 'h' hash-distributed, 'n' a reference or Citus local table.
+			var method *string
+			var group *int64
+			if err := tx.QueryRow(ctx, `SELECT partmethod::text, colocationid FROM pg_dist_partition WHERE logicalrelid = $1::regclass`,
+				name).Scan(&method, &group); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			switch {
+			case t.Column == "" && method == nil:
+				did = true
+				// The coordinator must be in the metadata (citus_set_coordinator_host).
+				_, err := tx.Exec(ctx, `SELECT citus_add_local_table_to_metadata($1::regclass)`, name)
+				return err
+			case t.Column == "":
+				return nil
+			case method == nil:
+				target := colocateWith
+				if target == "" {
+					target = "default"
+				}
+				did = true
+				_, err := tx.Exec(ctx, `SELECT create_distributed_table($1::regclass, $2, colocate_with => $3)`, name, t.Column, target)
+				return err
+			case *method != "h":
+				return fmt.Errorf("the table is held by Citus already, not distributed (partition method %q): undistribute it (undistribute_table) and run again", *method)
+			case colocateWith != "":
+				var same bool
+				if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass AND colocationid = $2)`,
+					colocateWith, *group).Scan(&same); err != nil {
+					return err
+				}
+				if same {
+					return nil
+				}
+				did = true
+				_, err := tx.Exec(ctx, `SELECT update_distributed_table_colocation($1::regclass, colocate_with => $2)`, name, colocateWith)
+				return err
+			}
+			return nil
+		})
 	})
 	return did, err
 }

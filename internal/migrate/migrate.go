@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -42,7 +43,19 @@ type File struct {
 	Version int
 	Name    string
 	SQL     string
+	// NoTx is set for a file whose first line is [NoTxMarker]: its statements run one at
+	// a time outside a transaction, for CREATE INDEX CONCURRENTLY.
+	NoTx bool
 }
+
+// NoTxMarker, as the first line of a migration file, says that the file runs outside a
+// transaction, one statement at a time, so that it may build indexes with CREATE INDEX
+// CONCURRENTLY while writes go on. Each of its statements ends with a semicolon at the
+// end of a line, and none holds a dollar-quoted body. [Up] runs such a file in a
+// transaction like any other, with its indexes built plainly, where building them
+// concurrently buys nothing or cannot be done: when the tables are new (every earlier
+// file of the line was applied by the same call), and when Up was given a transaction.
+const NoTxMarker = "-- oncekit:no-transaction"
 
 // Load returns the line's migrations in order.
 func (l Line) Load() ([]File, error) {
@@ -64,7 +77,9 @@ func (l Line) Load() ([]File, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, File{Line: l.Name, Version: v, Name: name, SQL: string(b)})
+		sql := string(b)
+		out = append(out, File{Line: l.Name, Version: v, Name: name, SQL: sql,
+			NoTx: strings.HasPrefix(sql, NoTxMarker+"\n") || strings.HasPrefix(sql, NoTxMarker+"\r\n")})
 	}
 	slices.SortFunc(out, func(a, b File) int { return a.Version - b.Version })
 	return out, nil
@@ -109,8 +124,18 @@ func Up(ctx context.Context, db Beginner, schema string, lines ...Line) (_ []Fil
 		if err != nil {
 			return applied, err
 		}
+		// fresh: every file of the line so far was applied by this call, so its tables
+		// are new.
+		fresh := true
 		for _, f := range files {
-			ok, err := apply(ctx, db, schema, f)
+			var ok bool
+			var err error
+			if f.NoTx && !fresh {
+				ok, err = applyOutside(ctx, db, schema, f)
+			} else {
+				ok, err = apply(ctx, db, schema, f)
+			}
+			fresh = fresh && ok
 			if err != nil {
 				return applied, fmt.Errorf("oncekit: migration %s/%03d_%s: %w", f.Line, f.Version, f.Name, err)
 			}
@@ -122,43 +147,97 @@ func Up(ctx context.Context, db Beginner, schema string, lines ...Line) (_ []Fil
 	return applied, nil
 }
 
-// lockSQL is the transaction-scoped advisory lock that serialises the migrations of
-// schema.
-func lockSQL(schema string) string {
-	return "SELECT pg_advisory_xact_lock(hashtextextended('oncekit.migrate.' || " + quote(schema) + ", 0))"
+// lockKey is the advisory lock that serialises the migrations of schema.
+func lockKey(schema string) string {
+	return "hashtextextended('oncekit.migrate.' || " + quote(schema) + ", 0)"
+}
+
+// execer runs a statement: a connection or a transaction.
+type execer interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// errBusy says that another caller holds the migrations' lock.
+var errBusy = errors.New("oncekit: migrations' lock is held")
+
+// tryLock takes the migrations' advisory lock of schema through q with lockFunc
+// (pg_try_advisory_xact_lock or pg_try_advisory_lock), or returns errBusy.
+func tryLock(ctx context.Context, q execer, schema, lockFunc string) error {
+	var ok bool
+	if err := q.QueryRow(ctx, "SELECT "+lockFunc+"("+lockKey(schema)+")").Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return errBusy
+	}
+	return nil
+}
+
+// whenFree runs f, which begins with [tryLock], again after a pause for as long as it
+// returns errBusy. A caller never waits for the lock inside a statement nor inside an
+// open transaction: CREATE INDEX CONCURRENTLY, run by the lock's holder, waits for every
+// transaction that had a snapshot when it began one of its phases, to its end.
+func whenFree(ctx context.Context, f func() error) error {
+	pause := 5 * time.Millisecond
+	for {
+		if err := f(); !errors.Is(err, errBusy) {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		pause = min(pause*2, 250*time.Millisecond)
+	}
 }
 
 func apply(ctx context.Context, db Beginner, schema string, f File) (applied bool, err error) {
 	ident := pgx.Identifier{schema}.Sanitize()
-	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		for _, stmt := range []string{
-			lockSQL(schema),
-			"CREATE SCHEMA IF NOT EXISTS " + ident,
-			"SET LOCAL search_path TO " + ident,
-			table,
-		} {
-			if _, err := tx.Exec(ctx, stmt, pgx.QueryExecModeSimpleProtocol); err != nil {
+	err = whenFree(ctx, func() error {
+		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if err := tryLock(ctx, tx, schema, "pg_try_advisory_xact_lock"); err != nil {
 				return err
 			}
-		}
-		var done bool
-		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM oncekit_migrations WHERE line = $1 AND version = $2)",
-			f.Line, f.Version).Scan(&done); err != nil {
-			return err
-		}
-		if done {
+			for _, stmt := range []string{
+				"CREATE SCHEMA IF NOT EXISTS " + ident,
+				"SET LOCAL search_path TO " + ident,
+				table,
+			} {
+				if _, err := tx.Exec(ctx, stmt, pgx.QueryExecModeSimpleProtocol); err != nil {
+					return err
+				}
+			}
+			var done bool
+			if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM oncekit_migrations WHERE line = $1 AND version = $2)",
+				f.Line, f.Version).Scan(&done); err != nil {
+				return err
+			}
+			if done {
+				return nil
+			}
+			if _, err := tx.Exec(ctx, inTx(f), pgx.QueryExecModeSimpleProtocol); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO oncekit_migrations (line, version, name) VALUES ($1, $2, $3)", f.Line, f.Version, f.Name); err != nil {
+				return err
+			}
+			applied = true
 			return nil
-		}
-		if _, err := tx.Exec(ctx, f.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, "INSERT INTO oncekit_migrations (line, version, name) VALUES ($1, $2, $3)", f.Line, f.Version, f.Name); err != nil {
-			return err
-		}
-		applied = true
-		return nil
+		})
 	})
 	return applied, err
+}
+
+// inTx is f's SQL as it runs in a transaction: a file marked [NoTxMarker] builds its
+// indexes plainly.
+func inTx(f File) string {
+	if !f.NoTx {
+		return f.SQL
+	}
+	return strings.ReplaceAll(f.SQL, "CREATE INDEX CONCURRENTLY", "CREATE INDEX")
 }
 
 // Script returns lines as one plain SQL script for psql or another migration tool: it
@@ -176,7 +255,14 @@ func Script(schema string, lines ...Line) (string, error) {
 			return "", err
 		}
 		for _, f := range files {
-			fmt.Fprintf(&b, "\n-- %s/%03d_%s.sql\n%s\n", f.Line, f.Version, f.Name, strings.TrimSpace(f.SQL))
+			if f.NoTx {
+				// A script may run in one transaction, which refuses CREATE INDEX
+				// CONCURRENTLY.
+				fmt.Fprintf(&b, "\n-- %s/%03d_%s.sql runs outside a transaction under migrate.Up, and builds its indexes\n"+
+					"-- concurrently there; here they are built plainly, holding writes to their table back\n"+
+					"-- while they build. On a large table, apply that file first, by itself, outside a transaction.", f.Line, f.Version, f.Name)
+			}
+			fmt.Fprintf(&b, "\n-- %s/%03d_%s.sql\n%s\n", f.Line, f.Version, f.Name, strings.TrimSpace(inTx(f)))
 			fmt.Fprintf(&b, "INSERT INTO oncekit_migrations (line, version, name) VALUES (%s, %d, %s) ON CONFLICT DO NOTHING;\n",
 				quote(f.Line), f.Version, quote(f.Name))
 		}

@@ -18,7 +18,8 @@
 -- meeting a live one (written by an attempt that takes no claim) it sets a state the
 -- table's check refuses (check_violation, 23514), and the whole statement rolls back.
 {{with}} oncekit_w AS ({{main}})
-INSERT INTO {{records}} AS r (tenant, operation, key, fingerprint, state, status_code, body, attempts, created_at, updated_at, expires_at)
+INSERT INTO {{records}} AS r (tenant, operation, key, fingerprint, state, status_code, body, attempts, created_at, updated_at, expires_at,
+        workflow_id, run_id, workflow_type, activity_type)
     VALUES ({{tenant}}, {{operation}}, {{key}}, {{fingerprint}}, 'completed', {{code}},
         CASE WHEN NOT pg_try_advisory_xact_lock({{lock}}) THEN ('oncekit_claim_refused=' || pg_backend_pid())::int::text::bytea
             WHEN EXISTS (SELECT 1 FROM {{records}} WHERE tenant = {{tenant}} AND operation = {{operation}} AND key = {{key}}
@@ -27,11 +28,13 @@ INSERT INTO {{records}} AS r (tenant, operation, key, fingerprint, state, status
                     ELSE convert_to(oncekit_j.j, 'UTF8') END
                 FROM (SELECT coalesce('[' || string_agg(row_to_json(oncekit_w.*)::text, ',') || ']', '[]') AS j FROM oncekit_w) oncekit_j)
         END,
-        1, {{at}}, coalesce({{now}}, now()), greatest({{at}}, coalesce({{now}}, now())) + {{retention}})
+        1, {{at}}, coalesce({{now}}, now()), greatest({{at}}, coalesce({{now}}, now())) + {{retention}},
+        {{workflow_id}}, {{run_id}}, {{workflow_type}}, {{activity_type}})
     ON CONFLICT (tenant, operation, key) DO UPDATE SET
         state = CASE WHEN r.expires_at <= excluded.updated_at THEN excluded.state ELSE 'taken' END,
         fingerprint = excluded.fingerprint, status_code = excluded.status_code, body = excluded.body,
         error_code = NULL, error_message = NULL, resource_ref = NULL, owner_token = NULL,
         lease_until = NULL, uncertain = false, attempts = 1, created_at = excluded.created_at,
-        updated_at = excluded.updated_at, expires_at = excluded.expires_at
+        updated_at = excluded.updated_at, expires_at = excluded.expires_at, workflow_id = excluded.workflow_id,
+        run_id = excluded.run_id, workflow_type = excluded.workflow_type, activity_type = excluded.activity_type
     RETURNING r.body

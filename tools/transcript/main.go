@@ -57,16 +57,19 @@ func main() {
 	}
 	// A payment activity's claims, keyed by its workflow run and activity ID: one whose
 	// worker died (its lease runs out below), one still running.
+	// Each carries the origin oncekit's worker plugin puts in an activity's context.
 	run := "0196f3c2-7d4e-7a1b-9c55-2f0e8b6d1a44"
-	_, err = l.Claim(ctx, in("shop", "payments.charge", string(keys.Run(run, "5"))), &ledger.ClaimOpts{Lease: 2 * time.Second})
+	charge := ledger.WithOrigin(ctx, ledger.Origin{WorkflowID: "order-1", RunID: run, WorkflowType: "Order", ActivityType: "payments.charge"})
+	_, err = l.Claim(charge, in("shop", "payments.charge", string(keys.Run(run, "5"))), &ledger.ClaimOpts{Lease: 2 * time.Second})
 	must(err)
-	_, err = l.Claim(ctx, in("shop", "payments.charge", string(keys.Run(run, "9"))), &ledger.ClaimOpts{Lease: time.Hour})
+	_, err = l.Claim(charge, in("shop", "payments.charge", string(keys.Run(run, "9"))), &ledger.ClaimOpts{Lease: time.Hour})
 	must(err)
 	// The saga of workflow order-1, running in that run: its default key holds the
 	// workflow ID and the run ID.
 	sagaKey, err := keys.Business("saga", "order-1", run)
 	must(err)
-	_, err = l.Claim(ctx, in("shop", "oncekit.saga", string(sagaKey)), &ledger.ClaimOpts{Lease: time.Hour})
+	begin := ledger.WithOrigin(ctx, ledger.Origin{WorkflowID: "order-1", RunID: run, WorkflowType: "Order", ActivityType: "oncekit.saga.Begin"})
+	_, err = l.Claim(begin, in("shop", "oncekit.saga", string(sagaKey)), &ledger.ClaimOpts{Lease: time.Hour})
 	must(err)
 	// A message the billing consumer handled.
 	ib, err := inbox.New(pool, nil)
@@ -105,7 +108,7 @@ func main() {
 	for _, args := range [][]string{
 		{"status"},
 		{"list", "--workflow-id", "order-1"},
-		{"list", "--run-id", run},
+		{"list", "--workflow-id", "order-1", "--activity-type", "payments.charge"},
 		{"inspect", "shop", "payments.charge", stuck},
 		{"release", "shop", "payments.charge", live},
 		{"release", "shop", "payments.charge", stuck},
