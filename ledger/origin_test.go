@@ -199,3 +199,13 @@ func TestOrigin_ConcurrentWriters(t *testing.T) {
 		require.Equal(t, "run-"+itoa(int64(i)), recs[0].Origin.RunID)
 	}
 }
+
+// OriginFrom returns what WithOrigin put in a context, and nothing for one without.
+func TestOriginFrom(t *testing.T) {
+	_, ok := ledger.OriginFrom(context.Background())
+	require.False(t, ok)
+	want := ledger.Origin{WorkflowID: "order-1", RunID: "run-1", WorkflowType: "Checkout", ActivityType: "payments.Charge"}
+	got, ok := ledger.OriginFrom(ledger.WithOrigin(context.Background(), want))
+	require.True(t, ok)
+	require.Equal(t, want, got)
+}
