@@ -6,7 +6,6 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -107,16 +106,24 @@ func scanTests(t *testing.T, root string) testUses {
 func exported(t *testing.T, dir string) (top, methods []string, members map[string][]string) {
 	t.Helper()
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, dir, func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments)
+	paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	members = map[string][]string{}
-	for name, p := range pkgs {
-		var files []*ast.File
-		for _, f := range p.Files {
-			files = append(files, f)
+	// The package's files by package name (a directory holds one, but say so if not).
+	pkgs := map[string][]*ast.File{}
+	for _, p := range paths {
+		if strings.HasSuffix(p, "_test.go") {
+			continue
 		}
+		f, err := parser.ParseFile(fset, p, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pkgs[f.Name.Name] = append(pkgs[f.Name.Name], f)
+	}
+	members = map[string][]string{}
+	for name, files := range pkgs {
 		d, err := doc.NewFromFiles(fset, files, mod+name)
 		if err != nil {
 			t.Fatal(err)
