@@ -204,7 +204,7 @@ func (e *env) ledgerFloorRecord(plain bool) *pgx.QueuedQuery {
 		sql = ledgerRecordPlain
 	}
 	return &pgx.QueuedQuery{SQL: sql, Arguments: []any{"bench", "orders.create", uuid.NewString(), nil, string(e.fp), recordRetention, 201,
-		[]byte(`{"status":"created"}`), nil, time.Now().Truncate(time.Microsecond)}}
+		[]byte(`{"status":"created"}`), nil, time.Now().Truncate(time.Microsecond), nil, nil, nil, nil}}
 }
 
 // recordRetention is the floor records' retention, as the ledger passes it.
