@@ -7,7 +7,7 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
-.PHONY: help demo agent-demo soak test test-library test-modules test-pg test-citus stress mutate bench bench-citus bench-scale bench-check lint fmt fuzz temporal-cli oncekit
+.PHONY: help demo agent-demo soak test test-library test-modules test-pg lint-tools test-citus stress mutate bench bench-citus bench-scale bench-check lint fmt fuzz temporal-cli oncekit
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -125,7 +125,9 @@ fuzz: ## Run each fuzz target for FUZZTIME (20s).
 			echo "fuzz $$pkg $$f"; $(GO) test -run XXX -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 		done; done
 
-lint: $(STATICCHECK) $(GOLANGCI_LINT) ## go vet, gofmt, staticcheck and golangci-lint (.golangci.yml).
+lint-tools: $(STATICCHECK) $(GOLANGCI_LINT)
+
+lint: lint-tools ## go vet, gofmt, staticcheck and golangci-lint (.golangci.yml).
 	$(GO) vet ./...
 	cd $(CMD_DIR) && $(GO) vet ./...
 	cd $(SAMPLES_DIR) && $(GO) vet ./...
