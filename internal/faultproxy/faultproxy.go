@@ -452,18 +452,21 @@ func (c *pconn) fromClient() {
 		if typ == 'S' || typ == 'Q' {
 			act, sent = c.p.roundTrip(c, sent), nil
 		}
+		if act != 0 {
+			// Before the round trip is forwarded: the server may answer it before this
+			// goroutine runs again, and the answer must not reach the client.
+			c.dropping.Store(true)
+		}
 		if _, err := c.server.Write(msg); err != nil {
 			return
 		}
 		switch act {
 		case CutAfter:
-			c.dropping.Store(true)
 			cut = true
 			_ = c.client.Close()
 			closeWrite(c.server)
 			return
 		case Blackhole:
-			c.dropping.Store(true)
 			_, _ = io.Copy(c.server, r)
 			return
 		}
