@@ -111,7 +111,13 @@ type rt2Env struct {
 
 func rt2Setup(t testing.TB, lcfg *ledger.Config) rt2Env {
 	t.Helper()
-	cfg := &agent.Config{CallLease: rt2CallLease, TaskLease: time.Hour}
+	return rt2SetupLease(t, lcfg, time.Hour)
+}
+
+// rt2SetupLease is rt2Setup with the guards' task lease.
+func rt2SetupLease(t testing.TB, lcfg *ledger.Config, taskLease time.Duration) rt2Env {
+	t.Helper()
+	cfg := &agent.Config{CallLease: rt2CallLease, TaskLease: taskLease}
 	other, b := setupLedger(t, lcfg, cfg)
 	g, px := b.lossy(t, faultproxy.Plan{Seed: 1, CommitLost: 1}, cfg)
 	return rt2Env{b: b, g: g, other: other, px: px, cnt: newRT2Counter()}
@@ -240,12 +246,12 @@ func TestRedteam2LostClaimOnClaimedTask(t *testing.T) {
 			t.Run(tool.Name+"/"+mode, func(t *testing.T) {
 				t.Parallel()
 				ctx := context.Background()
-				e := rt2Setup(t, nil)
 				taskLease := time.Minute
 				if mode == "TakenOverCallLeaseLive" {
 					taskLease = 10 * time.Second
 				}
-				a, err := e.g.ClaimTask(ctx, "acme", "claimed", &agent.ClaimTaskOpts{Lease: taskLease})
+				e := rt2SetupLease(t, nil, taskLease)
+				a, err := e.g.ClaimTask(ctx, "acme", "claimed", nil)
 				require.NoError(t, err)
 				ref := e.ref(t, "claimed", "1", tool)
 				e.loseClaim(t, a, "1", tool, rt2Args)
@@ -798,8 +804,8 @@ func TestRedteam2TakeOverWhileToolRuns(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/callLeaseLapses=%v", tool.Name, callLapses), func(t *testing.T) {
 				t.Parallel()
 				ctx := context.Background()
-				e := rt2Setup(t, nil)
-				a, err := e.g.ClaimTask(ctx, "acme", "inflight", &agent.ClaimTaskOpts{Lease: 10 * time.Second})
+				e := rt2SetupLease(t, nil, 10*time.Second)
+				a, err := e.g.ClaimTask(ctx, "acme", "inflight", nil)
 				require.NoError(t, err)
 				ref := e.ref(t, "inflight", "1", tool)
 				var b *agent.Task
@@ -1153,4 +1159,23 @@ func rt2RandomDeadlines(t *testing.T, rng *rand.Rand, claimed bool) {
 		}
 	}
 	t.Logf("first answers: %v", heard)
+}
+
+// A claim's own lease (ClaimTaskOpts.Lease) overrides the guard's task lease "for this
+// claim", and every tool call renews the claim: the renewal keeps the claim's lease, so
+// an agent that asked for a short lease and died after a call is taken over once that
+// lease lapsed, not after the guard's longer one.
+func TestRedteam2ClaimLeaseOverrideKeptByCalls(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := rt2SetupLease(t, nil, time.Hour)
+	a, err := e.other.ClaimTask(ctx, "acme", "short", &agent.ClaimTaskOpts{Lease: 10 * time.Second})
+	require.NoError(t, err)
+	before := a.LeaseUntil()
+	_, err = a.Call(ctx, "1", smtpSend, rt2Args, e.cnt.fn, nil)
+	require.NoError(t, err)
+	e.b.clock.Advance(20 * time.Second)
+	b, err := e.g.ClaimTask(ctx, "acme", "short", nil)
+	require.NoError(t, err, "the claim asked for a 10s lease (until %v); after a tool call it is held %v later", before, a.LeaseUntil())
+	require.True(t, b.TakenOver)
 }
