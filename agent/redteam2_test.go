@@ -850,9 +850,9 @@ func TestRedteam2TakeOverWhileToolRuns(t *testing.T) {
 				if errA == nil {
 					require.Equal(t, ledger.StateCompleted, rec.State, "the first owner heard success")
 				} else if !errors.Is(errA, agent.ErrStaleOwner) && !errors.Is(errA, agent.ErrUncertain) {
-					// Its tool acted and its output was not stored: the contract's answers are
+					// Its tool acted and another attempt took the call over: the contract's answers are
 					// a stale owner's refusal or a call that may have happened.
-					t.Errorf("the first owner's tool acted and its output was not stored; it heard %v, neither agent.ErrStaleOwner nor agent.ErrUncertain", errA)
+					t.Errorf("the first owner's tool acted and another attempt took its call over; it heard %v, neither agent.ErrStaleOwner nor agent.ErrUncertain", errA)
 				}
 				if errB == nil {
 					require.Equal(t, ledger.StateCompleted, rec.State)
@@ -1183,4 +1183,66 @@ func TestRedteam2ClaimLeaseOverrideKeptByCalls(t *testing.T) {
 	b, err := e.g.ClaimTask(ctx, "acme", "short", nil)
 	require.NoError(t, err, "the claim asked for a 10s lease (until %v); after a tool call it is held until %v", before, a.LeaseUntil())
 	require.True(t, b.TakenOver)
+}
+
+// A call's agent dies after its tool acted (its context ends before the output is
+// recorded); once the call's lease lapsed, 24 goroutines of two processes retry it at
+// once. No lost answer is involved: each hears the stored output, a wait, or, for a
+// tool without a key, that the call is uncertain; none hears a database error.
+func TestRedteam2ConcurrentTakeOverAfterCrash(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []agent.Tool{smtpSend, emailAPI} {
+		t.Run(tool.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := rt2Setup(t, nil)
+			ref := e.ref(t, "crash", "1", tool)
+			dctx, die := context.WithCancel(ctx)
+			_, err := e.other.Task("acme", "crash").Call(dctx, "1", tool, rt2Args, func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
+				out, _ := e.cnt.fn(ctx, inv)
+				die()
+				return out, ctx.Err()
+			}, nil)
+			require.Error(t, err)
+			require.Equal(t, 1, e.cnt.Starts(ref))
+			e.b.clock.Advance(rt2Lapse)
+			const n = 24
+			results := make([]agent.Result, n)
+			errs := make([]error, n)
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := 0; i < n; i++ {
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					g := e.g
+					if i%2 == 1 {
+						g = e.other
+					}
+					<-start
+					results[i], errs[i] = g.Task("acme", "crash").Call(ctx, "1", tool, rt2Args, e.cnt.fn, &agent.CallOpts{Wait: 10 * time.Second})
+				}(i)
+			}
+			close(start)
+			wg.Wait()
+			var outs []string
+			for i, err := range errs {
+				switch {
+				case err == nil:
+					outs = append(outs, string(results[i].Output))
+				case errors.Is(err, agent.ErrUncertain) && !tool.AcceptsKey:
+				default:
+					t.Errorf("goroutine %d heard %v", i, err)
+				}
+			}
+			if tool.AcceptsKey {
+				require.Equal(t, 2, e.cnt.Starts(ref), "one redrive")
+			} else {
+				require.Equal(t, 1, e.cnt.Starts(ref))
+			}
+			for _, o := range outs {
+				require.JSONEq(t, outs[0], o)
+			}
+		})
+	}
 }
