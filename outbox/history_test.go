@@ -491,6 +491,9 @@ func (h *hist) newDispatcherIn(t *testing.T, lane *histLane, prefix string, heal
 
 func (h *hist) start(t *testing.T, d *histDispatcher) {
 	d.name = h.next(d.slot)
+	// The publisher's goroutines name this run of the dispatcher by name, not by d.name,
+	// which the next restart rewrites while they may still run.
+	name := d.name
 	out, err := outbox.New(d.pool, &outbox.Config{Schema: d.lane.schema})
 	if err != nil {
 		h.problem(err)
@@ -500,7 +503,7 @@ func (h *hist) start(t *testing.T, d *histDispatcher) {
 		seed: h.seed, healthy: d.healthy, fail: h.problem, starve: func(r *rand.Rand) {
 			// Well past the lease, so that another dispatcher claims the rest of the batch
 			// before this one's next write.
-			h.starveFor(d, 3*histLease/2+time.Duration(r.Int64N(int64(histLease))), "from its publisher")
+			h.starveFor(d, name, 3*histLease/2+time.Duration(r.Int64N(int64(histLease))), "from its publisher")
 		}}
 	dd, err := outbox.NewDispatcher(out, pub, histDispatcherConfig(d.lane.ordered, d.batch, h.errorFunc))
 	if err != nil {
@@ -512,7 +515,7 @@ func (h *hist) start(t *testing.T, d *histDispatcher) {
 	go func() {
 		defer close(d.done)
 		if err := dd.Run(ctx); !errors.Is(err, context.Canceled) {
-			h.problem(fmt.Errorf("dispatcher %s: Run returned %w", d.name, err))
+			h.problem(fmt.Errorf("dispatcher %s: Run returned %w", name, err))
 		}
 	}()
 	t.Cleanup(d.stop)
@@ -862,20 +865,20 @@ func (h *hist) terminate(ctx context.Context, r *rand.Rand, pattern, what string
 // starve takes every connection of a dispatcher's pool for up to three leases.
 func (h *hist) starve(ctx context.Context, r *rand.Rand) {
 	d := h.dispatchers[r.IntN(len(h.dispatchers))]
-	h.starveFor(d, histLease/2+time.Duration(r.Int64N(int64(5*histLease/2))), "")
+	h.starveFor(d, d.name, histLease/2+time.Duration(r.Int64N(int64(5*histLease/2))), "")
 }
 
 // starveFor takes every connection of d's pool for hold. From inside d's publisher
 // (why names it) it returns once the connections are taken, so that d's next write
 // waits for them: by then another dispatcher may have claimed the batch.
-func (h *hist) starveFor(d *histDispatcher, hold time.Duration, why string) {
+func (h *hist) starveFor(d *histDispatcher, name string, hold time.Duration, why string) {
 	if !d.starving.CompareAndSwap(false, true) {
 		return
 	}
 	taken := make(chan struct{})
 	h.faults.Go(func() {
 		defer d.starving.Store(false)
-		h.record(history.Event{Client: h.client(d.name), Kind: "fault", Op: "starve", Key: "-", Detail: fmt.Sprintf("%s for %s %s", d.slot, hold, why)})
+		h.record(history.Event{Client: h.client(name), Kind: "fault", Op: "starve", Key: "-", Detail: fmt.Sprintf("%s for %s %s", d.slot, hold, why)})
 		if why == "" {
 			h.count("fault: dispatcher pool starved")
 		} else {
@@ -896,7 +899,7 @@ func (h *hist) starveFor(d *histDispatcher, hold time.Duration, why string) {
 		for _, c := range held {
 			c.Release()
 		}
-		h.record(history.Event{Client: h.client(d.name), Kind: "fault", Op: "starve-end", Key: "-", Detail: d.slot})
+		h.record(history.Event{Client: h.client(name), Kind: "fault", Op: "starve-end", Key: "-", Detail: d.slot})
 	})
 	if why != "" {
 		<-taken
