@@ -119,7 +119,7 @@ type hist struct {
 	mu        sync.Mutex
 	ticks     map[int]int64                  // log Seq to tick
 	attempted map[uuid.UUID]*histLane        // every event a producer tried to enqueue
-	retried   map[uuid.UUID][]int64          // ticks after each Retry that returned true
+	retried   map[uuid.UUID][]int64          // the call ticks of each Retry that returned true
 	unsure    map[uuid.UUID]bool             // a Retry whose outcome is unknown
 	txOf      map[uuid.UUID]*histTx          // the producer's transaction of each event
 	problems  []error                        // the run itself went wrong (not the outbox)
@@ -791,16 +791,18 @@ func (h *hist) operate(ctx context.Context, r *rand.Rand) {
 }
 
 func (h *hist) retry(ctx context.Context, lane *histLane, id uuid.UUID, client int) {
-	h.record(history.Event{Client: client, Kind: "call", Op: "Retry", Key: short(id), Detail: lane.name})
+	// The call's tick, not the return's, bounds the publications after the retry: a
+	// dispatcher may take the event up between the retry's commit and its answer.
+	called := h.record(history.Event{Client: client, Kind: "call", Op: "Retry", Key: short(id), Detail: lane.name})
 	ok, err := lane.out.Retry(ctx, id)
-	after := h.record(history.Event{Client: client, Kind: "return", Op: "Retry", Key: short(id), Detail: fmt.Sprintf("retried=%v err=%v", ok, err)})
+	h.record(history.Event{Client: client, Kind: "return", Op: "Retry", Key: short(id), Detail: fmt.Sprintf("retried=%v err=%v", ok, err)})
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
 	case err != nil:
 		h.unsure[id] = true
 	case ok:
-		h.retried[id] = append(h.retried[id], after)
+		h.retried[id] = append(h.retried[id], called)
 		h.counts["retries of dead events"]++
 	}
 }
