@@ -16,7 +16,9 @@ var (
 	ErrArgumentsChanged = errors.New("oncekit/agent: the tool call was made before with other arguments")
 	// ErrUncertain: the call may have acted and its outcome is not recorded (its answer
 	// was lost, its agent died, or its output was over the ledger's body limit), and the
-	// tool's provider takes no idempotency key. The tool is not run again.
+	// tool's provider takes no idempotency key, so the tool is not run again; or, for
+	// any tool, this attempt's call ran after its lease had run out and another attempt
+	// took it over before this one recorded the outcome.
 	ErrUncertain = errors.New("oncekit/agent: the tool call may have happened and cannot be repeated safely")
 	// ErrStaleOwner: the task's claim passed to another owner; this owner must stop.
 	ErrStaleOwner = errors.New("oncekit/agent: the task is owned by another agent")
@@ -66,6 +68,11 @@ func (e *ArgumentsChangedError) Is(target error) bool { return target == ErrArgu
 // its answer was lost, its agent died, or its output was over the ledger's body limit.
 // The tool takes no downstream key, so repeating it could act twice: the tool is not run
 // again. An operator settles the call with [Guard.Resolve].
+//
+// It also reports, for any tool, an attempt whose tool ran after the call's lease had
+// run out and whose call another attempt took over before this one could record the
+// outcome (Err then matches ledger.ErrLeaseLost): the record is the other attempt's,
+// which makes the call again with the same downstream key, or reports it uncertain.
 type UncertainError struct {
 	Call CallRef
 	// Attempt counts the attempts that claimed the call, this one included.

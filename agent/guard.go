@@ -435,6 +435,8 @@ func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMe
 			// The tool acted and its output cannot be stored: as with an answer that was
 			// lost, the call is recorded as one that may have happened.
 			callErr = fmt.Errorf("oncekit/agent: the tool acted and its output is over the ledger's body limit: %w", err)
+		case errors.Is(err, ledger.ErrLeaseLost):
+			return Result{Call: c.ref}, g.takenOver(ctx, c, lease.Attempt, err)
 		default:
 			return Result{Call: c.ref}, err
 		}
@@ -453,7 +455,11 @@ func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMe
 		}
 		return Result{Call: c.ref}, callErr
 	default:
-		if err := g.l.MarkUncertain(rctx, lease); err != nil {
+		err := g.l.MarkUncertain(rctx, lease)
+		if errors.Is(err, ledger.ErrLeaseLost) {
+			return Result{Call: c.ref}, g.takenOver(ctx, c, lease.Attempt, errors.Join(callErr, err))
+		}
+		if err != nil {
 			return Result{Call: c.ref}, errors.Join(callErr, err)
 		}
 		if tool.AcceptsKey {
@@ -469,6 +475,13 @@ func (g *Guard) uncertain(ctx context.Context, c *call, attempt int, err error) 
 		slog.String("oncekit.step", c.ref.Step), slog.String("oncekit.tool", c.ref.Tool), slog.Int("oncekit.attempt", attempt),
 		slog.String("oncekit.reason", reason(err)))
 	return &UncertainError{Call: c.ref, Attempt: attempt, Err: err}
+}
+
+// takenOver is the answer of an attempt whose tool ran and whose call another attempt
+// took over (its lease had run out) before this one recorded the outcome: the call may
+// have happened, and what is recorded is the other attempt's to say.
+func (g *Guard) takenOver(ctx context.Context, c *call, attempt int, err error) error {
+	return g.uncertain(ctx, c, attempt, fmt.Errorf("another attempt took the call over before its outcome was recorded: %w", err))
 }
 
 // reason is the error a call met, shortened for a log, or what an attempt that met
@@ -515,39 +528,60 @@ func (g *Guard) claim(ctx context.Context, t *Task, c *call, o CallOpts) (ledger
 	}
 }
 
+// lockCall takes, in tx, the call's transaction-scoped advisory lock: every
+// transaction that claims a call takes it first, so they take the task's, the
+// record's and the arguments' row locks one at a time and in one order, whichever
+// path they take (a first claim, a take-over, a resumed lost claim), and never
+// deadlock. The lock is held for a transaction's few statements, never while a tool
+// runs.
+func (g *Guard) lockCall(ctx context.Context, tx pgx.Tx, c *call) error {
+	key := pgsql.LockKey("oncekit/agent", g.l.Schema(), c.ref.Tenant, string(c.ref.Key))
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", key); err != nil {
+		return fmt.Errorf("oncekit/agent: lock %s: %w", c.ref, err)
+	}
+	return nil
+}
+
 func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (_ ledger.ClaimResult, err error) {
 	tx, err := g.pool.Begin(ctx)
 	if err != nil {
 		return ledger.ClaimResult{}, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := g.lockCall(ctx, tx, c); err != nil {
+		return ledger.ClaimResult{}, err
+	}
 	if err := t.fence(ctx, tx); err != nil {
 		return ledger.ClaimResult{}, err
 	}
 	var claim ledger.ClaimResult
 	frozen := false
-	if lost := g.lost.take(c); lost != nil {
+	lost, busy := g.lost.take(c)
+	if busy {
+		// Another retry in this process is resuming the call's lost claim.
+		return ledger.ClaimResult{}, &ledger.InProgressError{Scope: c.in.Scope, Key: c.in.Key}
+	}
+	if lost != nil {
+		resumed := false
 		defer func() {
-			if lost != nil && err != nil && !errors.Is(err, ledger.ErrOutcomeUnknown) {
-				// Nothing committed: the lost claim is as it was, for the next retry.
-				g.lost.put(c, lost)
-			}
+			// Kept for the next retry unless it was resumed and committed, or is no
+			// longer the key's; a lost answer again keeps it too.
+			g.lost.done(c, lost, !resumed || err != nil)
 		}()
-		// The server may still be committing the lost claim. Its transaction froze the
-		// call too, so freezing first waits for that transaction's row lock, and the
-		// record read next is as that transaction left it.
+		// The call's lock is held: a transaction still committing the lost claim has
+		// ended, and the record read next is as it left it.
 		if err := g.freeze(ctx, tx, c); err != nil {
 			return ledger.ClaimResult{}, err
 		}
 		frozen = true
-		resumed, err := g.resume(ctx, tx, lost)
+		resumed, err = g.resume(ctx, tx, lost)
 		if err != nil {
 			return ledger.ClaimResult{}, err
 		}
 		if resumed {
 			claim = ledger.ClaimResult{Lease: lost, Result: ledger.Result{Attempts: lost.Attempt}}
 		} else {
-			lost = nil
+			g.lost.done(c, lost, false)
 		}
 	}
 	if claim.Lease == nil {
@@ -603,6 +637,9 @@ func (t *Task) CallTx(ctx context.Context, step string, tool Tool, args json.Raw
 		return Result{Call: c.ref}, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := g.lockCall(ctx, tx, c); err != nil {
+		return Result{Call: c.ref}, err
+	}
 	if err := t.fence(ctx, tx); err != nil {
 		return Result{Call: c.ref}, err
 	}

@@ -17,10 +17,17 @@ const lostClaimsLimit = 4096
 
 // lostClaims remembers the leases of tool-call claims whose commit's answer was lost,
 // before their tool started. A retry in the same process resumes such a lease, so it
-// runs the tool once instead of reporting a call that never started as uncertain.
+// runs the tool once instead of reporting a call that never started as uncertain. While
+// one retry resumes a lease, the others of this process wait for it as for a call in
+// progress: none of them takes the claim over as an attempt that may have acted.
 type lostClaims struct {
 	mu sync.Mutex
-	m  map[string]*ledger.Lease
+	m  map[string]*lostClaim
+}
+
+type lostClaim struct {
+	lease *ledger.Lease
+	busy  bool // a retry is resuming it
 }
 
 func lostKey(c *call) string { return c.ref.Tenant + "\x00" + string(c.ref.Key) }
@@ -30,25 +37,45 @@ func (l *lostClaims) put(c *call, lease *ledger.Lease) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.m == nil {
-		l.m = map[string]*ledger.Lease{}
+		l.m = map[string]*lostClaim{}
 	}
-	if len(l.m) < lostClaimsLimit {
-		l.m[lostKey(c)] = lease
+	if _, ok := l.m[lostKey(c)]; ok || len(l.m) < lostClaimsLimit {
+		l.m[lostKey(c)] = &lostClaim{lease: lease}
 	}
 }
 
-// take returns and forgets the remembered lease of c, if one was claimed with c's
-// arguments: a call with other arguments is refused, and leaves the lease for a retry
-// with the first ones.
-func (l *lostClaims) take(c *call) *ledger.Lease {
+// take returns the remembered lease of c, if one was claimed with c's arguments, and
+// marks it in use until [lostClaims.done]; busy reports that another retry is resuming
+// it. A call with other arguments gets neither: it is refused by the ledger, and leaves
+// the lease for a retry with the first ones.
+func (l *lostClaims) take(c *call) (lease *ledger.Lease, busy bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	lease := l.m[lostKey(c)]
-	if lease == nil || lease.Fingerprint != c.in.Fingerprint {
-		return nil
+	e := l.m[lostKey(c)]
+	if e == nil || e.lease.Fingerprint != c.in.Fingerprint {
+		return nil, false
 	}
-	delete(l.m, lostKey(c))
-	return lease
+	if e.busy {
+		return nil, true
+	}
+	e.busy = true
+	return e.lease, false
+}
+
+// done ends the use of lease that take returned: keep leaves it for the next retry
+// (nothing committed, or the answer was lost again), else it is forgotten. A lease put
+// since in its place is left alone.
+func (l *lostClaims) done(c *call, lease *ledger.Lease, keep bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.m[lostKey(c)]
+	switch {
+	case e == nil || e.lease != lease:
+	case keep:
+		e.busy = false
+	default:
+		delete(l.m, lostKey(c))
+	}
 }
 
 // resume takes back, in tx, the lease of a claim whose commit's answer was lost, and

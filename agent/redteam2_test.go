@@ -594,9 +594,6 @@ func TestRedteam2ConcurrentRetriesAfterLostClaim(t *testing.T) {
 		for _, wait := range []time.Duration{0, 10 * time.Second} {
 			for _, lapse := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/wait=%v/lapse=%v", tool.Name, wait, lapse), func(t *testing.T) {
-					if lapse {
-						t.Skip("a known defect, not fixed yet: after a lost claim whose lease lapsed, 24 retries of one process race to resume it; some hear a raw deadlock (SQLSTATE 40P01), and a tool without a key that never started can be reported uncertain")
-					}
 					t.Parallel()
 					ctx := context.Background()
 					e := rt2Setup(t, nil)
@@ -659,7 +656,6 @@ func TestRedteam2ConcurrentRetriesAfterLostClaim(t *testing.T) {
 // key starts at most once, a call heard as done was done, and every output heard is
 // the same.
 func TestRedteam2ConcurrentRetriesTwoProcesses(t *testing.T) {
-	t.Skip("a known defect, not fixed yet: retries from two processes after a lost claim can hear a raw deadlock (SQLSTATE 40P01)")
 	t.Parallel()
 	for _, tool := range []agent.Tool{smtpSend, emailAPI} {
 		t.Run(tool.Name, func(t *testing.T) {
@@ -807,9 +803,6 @@ func TestRedteam2TakeOverWhileToolRuns(t *testing.T) {
 	for _, tool := range []agent.Tool{smtpSend, emailAPI} {
 		for _, callLapses := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/callLeaseLapses=%v", tool.Name, callLapses), func(t *testing.T) {
-				if callLapses {
-					t.Skip("a known defect, not fixed yet: a slow owner whose call was taken over after its tool acted hears the ledger's lease-lost error, which the agent's contract does not name, instead of agent.ErrStaleOwner or agent.ErrUncertain")
-				}
 				t.Parallel()
 				ctx := context.Background()
 				e := rt2SetupLease(t, nil, 10*time.Second)
@@ -1181,7 +1174,6 @@ func rt2RandomDeadlines(t *testing.T, rng *rand.Rand, claimed bool) {
 // an agent that asked for a short lease and died after a call is taken over once that
 // lease lapsed, not after the guard's longer one.
 func TestRedteam2ClaimLeaseOverrideKeptByCalls(t *testing.T) {
-	t.Skip("a known defect, not fixed yet (or a contract to make precise): a tool call renews the task's claim with the guard's TaskLease, not the ClaimTaskOpts.Lease the claim asked for")
 	t.Parallel()
 	ctx := context.Background()
 	e := rt2SetupLease(t, nil, time.Hour)

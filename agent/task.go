@@ -33,6 +33,8 @@ type Task struct {
 	g     *Guard
 	mu    sync.Mutex // guards lease
 	lease *ledger.Lease
+	// leaseFor is how long each renewal of the claim lasts: the lease the claim asked for.
+	leaseFor time.Duration
 	// created is when the task's record was created, as the claim read it: with the
 	// lease's attempt, it tells this claim's record from a later claim's.
 	created time.Time
@@ -47,7 +49,8 @@ func (g *Guard) Task(tenant, id string) *Task {
 // ClaimTaskOpts are per-call options of [Guard.ClaimTask]. A nil *ClaimTaskOpts means
 // all defaults.
 type ClaimTaskOpts struct {
-	// Lease overrides [Config].TaskLease for this claim.
+	// Lease overrides [Config].TaskLease for this claim: its heartbeats and tool calls
+	// renew it for this long too.
 	Lease time.Duration
 }
 
@@ -76,7 +79,7 @@ func (g *Guard) ClaimTask(ctx context.Context, tenant, id string, opts *ClaimTas
 		return nil, fmt.Errorf("%w: task %q of tenant %q", ErrTaskDone, id, tenant)
 	}
 	return &Task{Tenant: tenant, ID: id, Attempt: claim.Lease.Attempt, TakenOver: claim.Lease.Redrive, g: g, lease: claim.Lease,
-		created: claim.Result.CreatedAt}, nil
+		leaseFor: lease, created: claim.Result.CreatedAt}, nil
 }
 
 func taskIntent(tenant, id string) (ledger.Intent, error) {
@@ -104,15 +107,16 @@ func (t *Task) LeaseUntil() time.Time {
 	return t.lease.Until
 }
 
-// Heartbeat renews the task's claim for the guard's task lease. It returns a
-// [*StaleOwnerError] when another agent took the task over: stop working on it.
+// Heartbeat renews the task's claim for its lease (ClaimTaskOpts.Lease, else the
+// guard's TaskLease). It returns a [*StaleOwnerError] when another agent took the task
+// over: stop working on it.
 func (t *Task) Heartbeat(ctx context.Context) error {
 	if t.lease == nil {
 		return nil
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.stale(t.g.l.Extend(ctx, t.lease, t.g.cfg.TaskLease))
+	return t.stale(t.g.l.Extend(ctx, t.lease, t.leaseFor))
 }
 
 // fence renews the task's claim inside tx, the transaction that claims a tool call:
@@ -124,7 +128,7 @@ func (t *Task) fence(ctx context.Context, tx pgx.Tx) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.stale(t.g.l.ExtendTx(ctx, tx, t.lease, t.g.cfg.TaskLease))
+	return t.stale(t.g.l.ExtendTx(ctx, tx, t.lease, t.leaseFor))
 }
 
 func (t *Task) stale(err error) error {

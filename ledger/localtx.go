@@ -2,8 +2,6 @@ package ledger
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"strconv"
 	"strings"
@@ -56,13 +54,7 @@ type localTx interface {
 // lockKey is the advisory lock of a key: 64 bits of a SHA-256 over the schema and the
 // key's identity, so ledgers in different schemas never contend.
 func (l *Ledger) lockKey(in Intent) int64 {
-	h := sha256.New()
-	for _, s := range []string{"oncekit", l.cfg.Schema, in.Scope.Tenant, in.Scope.Operation, string(in.Key)} {
-		h.Write([]byte(s))
-		h.Write([]byte{0x1f})
-	}
-	var sum [sha256.Size]byte
-	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
+	return pgsql.LockKey("oncekit", l.cfg.Schema, in.Scope.Tenant, in.Scope.Operation, string(in.Key))
 }
 
 // claimArgs are the parameters of a claim: the key's lock, then the key and the clock

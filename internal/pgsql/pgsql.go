@@ -5,6 +5,8 @@ package pgsql
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"strings"
 	"time"
@@ -240,4 +242,17 @@ const CleanupTimeout = 2 * time.Second
 // cancellation, bounded by [CleanupTimeout] from now.
 func Cleanup(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
+}
+
+// LockKey is the key of an advisory lock named by parts: 64 bits of a SHA-256 over
+// them, each ended by a unit separator, so that different names never contend in
+// practice.
+func LockKey(parts ...string) int64 {
+	h := sha256.New()
+	for _, s := range parts {
+		h.Write([]byte(s))
+		h.Write([]byte{0x1f})
+	}
+	var sum [sha256.Size]byte
+	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
 }
