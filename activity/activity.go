@@ -75,6 +75,12 @@ type Opts struct {
 // match; an empty code is not refused, but leaves nothing to match.
 func Definitive(code, message string) error { return ledger.Definitive(code, message) }
 
+// NotApplied marks err as one after which an external call certainly had no effect (the
+// provider refused the request before doing anything): [External] releases the key, and
+// the retry makes the call afresh. It returns a *ledger.NotAppliedError, which tests can
+// errors.As, or nil for a nil err.
+func NotApplied(err error) error { return ledger.NotApplied(err) }
+
 type ledgerKey struct{}
 
 // WithLedger returns a copy of ctx carrying l for [Do] and [External]. oncekit's worker plugin

@@ -12,6 +12,7 @@ import (
 	tactivity "go.temporal.io/sdk/activity"
 
 	"github.com/oncekit/oncekit/activity"
+	"github.com/oncekit/oncekit/ledger"
 	"github.com/oncekit/oncekit/testsuite"
 )
 
@@ -176,7 +177,7 @@ func TestExternal_NotAppliedReleasesTheKey(t *testing.T) {
 			id, _ := prov.Call(string(call.DownstreamKey))
 			return id, nil
 		}, nil)
-		var na *activity.NotAppliedError
+		var na *ledger.NotAppliedError
 		if errors.As(err, &na) {
 			asNotApplied = true
 		}

@@ -41,22 +41,6 @@ type Call struct {
 // and the retry repeats the call with the same downstream key.
 type CallFunc[Req, Resp any] func(ctx context.Context, call Call, req Req) (Resp, error)
 
-// NotAppliedError marks an error after which the external call certainly had no effect;
-// [NotApplied] makes one. Tests can errors.As an activity's error to it.
-type NotAppliedError struct{ Err error }
-
-func (e *NotAppliedError) Error() string { return e.Err.Error() }
-func (e *NotAppliedError) Unwrap() error { return e.Err }
-
-// NotApplied wraps err in a [*NotAppliedError] to say the external call certainly had no
-// effect, so the key can be released rather than re-driven.
-func NotApplied(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &NotAppliedError{Err: err}
-}
-
 // External runs call at most once per activity intent as far as the provider can tell:
 // it claims the key before the call with a lease that lasts until the attempt's
 // deadline, and stores the outcome after it. A retry after a crash re-drives the call with
@@ -112,7 +96,7 @@ func External[Req, Resp any](ctx context.Context, req Req, call CallFunc[Req, Re
 		}
 	}
 	var derr *ledger.DefinitiveError
-	var na *NotAppliedError
+	var na *ledger.NotAppliedError
 	switch {
 	case callErr == nil:
 		body, err := json.Marshal(out)

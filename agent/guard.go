@@ -161,29 +161,13 @@ type Invocation struct {
 
 // ToolFunc makes a tool call outside the database and returns the output to store and
 // hand back to the model. Return ledger.Definitive for a failure the provider answered
-// definitively: it is stored and replayed. Return [NotApplied] when the provider
+// definitively: it is stored and replayed. Return ledger.NotApplied when the provider
 // certainly did not act. Any other error means the call may have happened.
 type ToolFunc func(ctx context.Context, inv Invocation) (json.RawMessage, error)
 
 // LocalFunc is a tool that writes only to the database, through tx: its writes commit
 // with the call's record, so a crash leaves neither.
 type LocalFunc func(ctx context.Context, tx pgx.Tx, inv Invocation) (json.RawMessage, error)
-
-// NotAppliedError marks an error after which the tool certainly had no effect;
-// [NotApplied] makes one.
-type NotAppliedError struct{ Err error }
-
-func (e *NotAppliedError) Error() string { return e.Err.Error() }
-func (e *NotAppliedError) Unwrap() error { return e.Err }
-
-// NotApplied wraps err to say the tool certainly did not act, so the call's key is
-// released and a retry makes the call afresh.
-func NotApplied(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &NotAppliedError{Err: err}
-}
 
 // CallOpts are per-call options of [Task.Call] and [Task.CallTx]. A nil *CallOpts means
 // all defaults.
@@ -442,7 +426,7 @@ func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMe
 		}
 	}
 	var derr *ledger.DefinitiveError
-	var na *NotAppliedError
+	var na *ledger.NotAppliedError
 	switch {
 	case errors.As(callErr, &derr):
 		if err := g.l.Fail(rctx, lease, derr); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/oncekit/oncekit/agent"
 	"github.com/oncekit/oncekit/internal/faultpoint"
 	"github.com/oncekit/oncekit/internal/history"
+	"github.com/oncekit/oncekit/ledger"
 )
 
 // histTools are the three kinds of tool, one per step: an API with a downstream key,
@@ -57,7 +58,7 @@ func TestHistoryAgent(t *testing.T) {
 		err := q.QueryRow(ctx, `INSERT INTO hist_effects (call_key, dkey, args) VALUES ($1, $2, $3)
 			ON CONFLICT (dkey) DO UPDATE SET dkey = excluded.dkey RETURNING id`, string(inv.Call.Key), dkey, string(inv.Args)).Scan(&id)
 		if err != nil {
-			return nil, agent.NotApplied(err)
+			return nil, ledger.NotApplied(err)
 		}
 		out := json.RawMessage(`{"effect":` + strconv.FormatInt(id, 10) + `}`)
 		log.Add(history.Event{Client: client, Kind: "effect", Op: inv.Call.Tool, Key: string(inv.Call.Key), Detail: string(out)})

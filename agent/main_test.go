@@ -112,7 +112,7 @@ func (p *provider) send(ctx context.Context, inv agent.Invocation, keyed bool) (
 		err = p.pool.QueryRow(ctx, `INSERT INTO effects (call, body) VALUES ($1, $2) RETURNING id`, string(inv.Call.Key), string(inv.Args)).Scan(&id)
 	}
 	if err != nil {
-		return nil, agent.NotApplied(err)
+		return nil, ledger.NotApplied(err)
 	}
 	return json.RawMessage(`{"id":` + strconv.FormatInt(id, 10) + `}`), nil
 }

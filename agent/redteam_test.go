@@ -846,7 +846,7 @@ func TestRedteamDefinitiveAndNotApplied(t *testing.T) {
 
 	na := func(c context.Context, inv agent.Invocation) (json.RawMessage, error) {
 		cnt.start(inv)
-		return nil, agent.NotApplied(errors.New("dns failure"))
+		return nil, ledger.NotApplied(errors.New("dns failure"))
 	}
 	_, err = task.Call(ctx, "2", plainTool, json.RawMessage(`{"n":1}`), na, nil)
 	require.Error(t, err)

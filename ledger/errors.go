@@ -144,6 +144,24 @@ func (e *DefinitiveError) Error() string {
 	return e.Code + ": " + e.Message
 }
 
+// NotAppliedError marks an error after which an external call certainly had no effect
+// (the provider refused the request before doing anything); [NotApplied] makes one.
+// Package activity's External and package agent's tool calls release the claim on it,
+// so a retry makes the call afresh, rather than keep the claim as one that may have
+// acted.
+type NotAppliedError struct{ Err error }
+
+func (e *NotAppliedError) Error() string { return e.Err.Error() }
+func (e *NotAppliedError) Unwrap() error { return e.Err }
+
+// NotApplied wraps err in a [*NotAppliedError], or returns nil for a nil err.
+func NotApplied(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &NotAppliedError{Err: err}
+}
+
 // ErrSnapshotConflict: the key was completed by a transaction that committed after the
 // caller's REPEATABLE READ or SERIALIZABLE snapshot was taken, so its result cannot be
 // read, and must not be written again, inside that snapshot.

@@ -41,7 +41,7 @@ func sendWith(pool *pgxpool.Pool, key func(agent.Invocation) *string) agent.Tool
 		err := pool.QueryRow(ctx, `INSERT INTO sent_emails (task, idem_key) VALUES ($1, $2)
 			ON CONFLICT (idem_key) DO UPDATE SET idem_key = excluded.idem_key RETURNING id`, inv.Call.Task, key(inv)).Scan(&id)
 		if err != nil {
-			return nil, agent.NotApplied(err)
+			return nil, ledger.NotApplied(err)
 		}
 		return json.RawMessage(`{"id":` + strconv.FormatInt(id, 10) + `}`), nil
 	}

@@ -58,7 +58,7 @@ func TestExecuteTool_ChangedArgumentsRefused(t *testing.T) {
 	acts.Register(agent.Tool{Name: "send_email", AcceptsKey: true}, func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
 		sent.Add(1)
 		if inv.Call.Task != "support-ticket-1" {
-			return nil, agent.NotApplied(errors.New("the task is not the workflow: " + inv.Call.Task))
+			return nil, ledger.NotApplied(errors.New("the task is not the workflow: " + inv.Call.Task))
 		}
 		return json.RawMessage(`{"id":"em_1"}`), nil
 	})

@@ -125,7 +125,7 @@ func (e *env) post(ctx context.Context, url string, ticket int, key string, args
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err == nil && resp.StatusCode != http.StatusOK {
-		err = agent.NotApplied(fmt.Errorf("status %d: %s", resp.StatusCode, body))
+		err = ledger.NotApplied(fmt.Errorf("status %d: %s", resp.StatusCode, body))
 	}
 	return body, err
 }
@@ -134,7 +134,7 @@ func (e *env) post(ctx context.Context, url string, ticket int, key string, args
 func (e *env) mail(ticket int, args json.RawMessage) (json.RawMessage, error) {
 	c, err := smtp.Dial(e.smtp)
 	if err != nil {
-		return nil, agent.NotApplied(err)
+		return nil, ledger.NotApplied(err)
 	}
 	defer func() { _ = c.Close() }()
 	msg := fmt.Sprintf("From: agent@example.com\r\nTo: team@example.com\r\nX-Agent: %s\r\nX-Ticket: %d\r\n\r\n%s\r\n", e.name, ticket, args)

@@ -102,7 +102,7 @@ func temporalWorkerMain(ctx context.Context, e *env) error {
 		acts.Register(tool, func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
 			id, err := strconv.Atoi(strings.TrimPrefix(inv.Call.Task, "ticket-"))
 			if err != nil {
-				return nil, agent.NotApplied(err)
+				return nil, ledger.NotApplied(err)
 			}
 			name := strings.TrimSuffix(inv.Call.Tool, "_large")
 			return e.run(ctx, ticket{ID: id}, call{Tool: name, Args: inv.Args}, keyFor(name, inv))
