@@ -52,6 +52,11 @@ type env struct {
 }
 
 func newEnv(ctx context.Context, url string, conns int32, params map[string]string) (*env, error) {
+	return newEnvRTT(ctx, url, conns, params, 0)
+}
+
+// newEnvRTT is newEnv on a network whose round trip is rtt longer (see delayed).
+func newEnvRTT(ctx context.Context, url string, conns int32, params map[string]string, rtt time.Duration) (*env, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, err
@@ -62,7 +67,7 @@ func newEnv(ctx context.Context, url string, conns int32, params map[string]stri
 		cfg.ConnConfig.RuntimeParams[k] = v
 	}
 	tc := &pgtest.Trips{}
-	cfg.ConnConfig.DialFunc = tc.Dial((&net.Dialer{KeepAlive: 5 * time.Minute}).DialContext)
+	cfg.ConnConfig.DialFunc = tc.Dial(delayed((&net.Dialer{KeepAlive: 5 * time.Minute}).DialContext, rtt))
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -411,13 +416,17 @@ func (b ledgerBench) run(ctx context.Context, out io.Writer) error {
 		suffix  string
 		clients int
 		params  map[string]string
+		rtt     time.Duration
 	}
 	variants := []variant{
-		{"c1", 1, nil},
-		{"c8", 8, nil},
+		{"c1", 1, nil, 0},
+		{"c8", 8, nil, 0},
 		// Commit without waiting for the WAL flush: the guard's own cost shows without
 		// the disk's hiding it.
-		{"c1.async", 1, map[string]string{"synchronous_commit": "off"}},
+		{"c1.async", 1, map[string]string{"synchronous_commit": "off"}, 0},
+		// The database 1 ms away, as in another availability zone: what round trips cost
+		// where they are not free.
+		{"c1.rtt1ms", 1, nil, time.Millisecond},
 	}
 	figures := repeated{}
 	var order []string
@@ -432,7 +441,7 @@ func (b ledgerBench) run(ctx context.Context, out io.Writer) error {
 				return err
 			}
 			for _, v := range variants {
-				e, err := newEnv(ctx, url, int32(v.clients), v.params)
+				e, err := newEnvRTT(ctx, url, int32(v.clients), v.params, v.rtt)
 				if err != nil {
 					return err
 				}
