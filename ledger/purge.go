@@ -43,7 +43,9 @@ type PurgeResult struct {
 // Purge deletes expired records in batches, oldest first, on every shard in turn. Records whose lease is still
 // live are kept. Many purgers may run at once, on many nodes: each batch skips rows
 // another purger has locked. Expiry does not wait for the purge: an expired record
-// already counts as absent.
+// already counts as absent. A context that ends stops the purge between two statements
+// with the context's error and what was deleted; a statement already running is let
+// finish for up to 10 seconds, and what it deleted is counted.
 func (l *Ledger) Purge(ctx context.Context, opts *PurgeOpts) (PurgeResult, error) {
 	var res PurgeResult
 	err := l.r.Each(func(s shard.Shard) error {

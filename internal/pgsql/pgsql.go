@@ -159,14 +159,32 @@ func CitusTable(ctx context.Context, q Querier, table string) (bool, error) {
 	return held, err
 }
 
+// PurgeGrace is how long a purge's batch in flight may go on once the purge's context
+// has ended.
+const PurgeGrace = 10 * time.Second
+
+// execGrace runs sql with a context that ends PurgeGrace after ctx does.
+func execGrace(ctx context.Context, q Querier, sql string, args ...any) (pgconn.CommandTag, error) {
+	ectx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(PurgeGrace, cancel)
+		context.AfterFunc(ectx, func() { t.Stop() })
+	})
+	defer stop()
+	return q.Exec(ectx, sql, args...)
+}
+
 // ErrPurgeNegative is Run's answer to a negative batch size, batch count or pause.
 var ErrPurgeNegative = errors.New("PurgeOpts values must not be negative: leave them 0 for the defaults")
 
 // Run runs the purge in batches of batch rows (0: config.PurgeBatchDefault) until a
 // batch deletes fewer, or maxBatches statements have run (0: no limit), waiting pause
 // between two statements: Local on a single PostgreSQL, ByKey when Citus holds the
-// table. args are $2 onwards. A context cancelled during a pause ends the purge with the
-// context's error and what was deleted so far; a negative value, with ErrPurgeNegative
+// table. args are $2 onwards. A context that ends during a pause ends the purge with the
+// context's error and what was deleted so far; one that ends while a batch runs lets the
+// batch finish for up to PurgeGrace, so that its rows, deleted and committed, are
+// counted rather than lost with its answer; a negative value, with ErrPurgeNegative
 // before anything is sent.
 func (p Purge) Run(ctx context.Context, q Querier, batch, maxBatches int, pause time.Duration, args ...any) (deleted int64, batches int, err error) {
 	if batch < 0 || maxBatches < 0 || pause < 0 {
@@ -190,7 +208,7 @@ func (p Purge) Run(ctx context.Context, q Querier, batch, maxBatches int, pause 
 			case <-t.C:
 			}
 		}
-		tag, err := q.Exec(ctx, sql, args...)
+		tag, err := execGrace(ctx, q, sql, args...)
 		if err != nil {
 			return deleted, batches, err
 		}
@@ -198,6 +216,9 @@ func (p Purge) Run(ctx context.Context, q Querier, batch, maxBatches int, pause 
 		deleted += tag.RowsAffected()
 		if tag.RowsAffected() < int64(batch) {
 			break
+		}
+		if ctx.Err() != nil {
+			return deleted, batches, ctx.Err()
 		}
 	}
 	return deleted, batches, nil

@@ -3,7 +3,9 @@ package pgsql_test
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
@@ -58,4 +60,27 @@ func TestIsUniqueViolationShardNames(t *testing.T) {
 			require.Equal(t, tc.want, pgsql.IsUniqueViolation(tc.err, "records_pkey"))
 		})
 	}
+}
+
+// A purge whose context ends while a batch runs lets that batch finish, and counts
+// what it deleted: the rows are gone, and the answer says so.
+func TestPurgeRun_ContextEndsDuringABatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewSchema(t)
+	_, err := pool.Exec(ctx, `CREATE TABLE items (id int PRIMARY KEY, old bool NOT NULL);
+		INSERT INTO items SELECT i, true FROM generate_series(1, 5) i;
+		CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.5); RETURN NULL; END $$;
+		CREATE TRIGGER slow BEFORE DELETE ON items FOR EACH STATEMENT EXECUTE FUNCTION slow()`)
+	require.NoError(t, err)
+	p := pgsql.PurgeSQL(pgx.Identifier{"items"}.Sanitize(), []string{"id"}, "old", "id")
+	pctx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(100*time.Millisecond, cancel)
+	deleted, batches, err := p.Run(pctx, pool, 2, 0, 0)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, int64(2), deleted, "the batch in flight finished and is counted")
+	require.Equal(t, 1, batches)
+	var left int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM items`).Scan(&left))
+	require.Equal(t, 5-deleted, left)
 }
