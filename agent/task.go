@@ -30,8 +30,10 @@ type Task struct {
 	// its completed calls replay, and its uncertain ones are reported.
 	TakenOver bool
 
-	g     *Guard
-	mu    sync.Mutex // guards lease
+	g  *Guard
+	mu sync.Mutex // guards lease's Until; held for no database work (see own)
+	// lease is the task's claim, nil for a task not claimed; its fields other than
+	// Until never change.
 	lease *ledger.Lease
 	// leaseFor is how long each renewal of the claim lasts: the lease the claim asked for.
 	leaseFor time.Duration
@@ -114,9 +116,32 @@ func (t *Task) Heartbeat(ctx context.Context) error {
 	if t.lease == nil {
 		return nil
 	}
+	l := t.own()
+	err := t.g.l.Extend(ctx, l, t.leaseFor)
+	t.renewed(l, err)
+	return t.stale(err)
+}
+
+// own returns a copy of the task's lease, to renew or end with the ledger without
+// holding t.mu: a call that waits for t.mu holds a pooled connection, so holding t.mu
+// while waiting for one could leave the pool's last connections waiting for each other.
+func (t *Task) own() *ledger.Lease {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.stale(t.g.l.Extend(ctx, t.lease, t.leaseFor))
+	l := *t.lease
+	return &l
+}
+
+// renewed keeps the later end of the task's lease, once l was renewed without error.
+func (t *Task) renewed(l *ledger.Lease, err error) {
+	if err != nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if l.Until.After(t.lease.Until) {
+		t.lease.Until = l.Until
+	}
 }
 
 // fence renews the task's claim inside tx, the transaction that claims a tool call:
@@ -126,9 +151,10 @@ func (t *Task) fence(ctx context.Context, tx pgx.Tx) error {
 	if t.lease == nil {
 		return nil
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.stale(t.g.l.ExtendTx(ctx, tx, t.lease, t.leaseFor))
+	l := t.own()
+	err := t.g.l.ExtendTx(ctx, tx, l, t.leaseFor)
+	t.renewed(l, err)
+	return t.stale(err)
 }
 
 func (t *Task) stale(err error) error {
@@ -151,9 +177,7 @@ func (t *Task) Finish(ctx context.Context, outcome json.RawMessage) error {
 	if len(outcome) == 0 {
 		outcome = json.RawMessage("null")
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	_, err := t.g.l.Complete(ctx, t.lease, ledger.Response{Body: outcome})
+	_, err := t.g.l.Complete(ctx, t.own(), ledger.Response{Body: outcome})
 	var lost *ledger.LeaseLostError
 	if errors.As(err, &lost) && t.finishedByThisClaim(lost.Current) {
 		if bytes.Equal(lost.Current.Response.Body, outcome) {
@@ -180,9 +204,7 @@ func (t *Task) Release(ctx context.Context) error {
 	if t.lease == nil {
 		return nil
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	// MarkUncertain, unlike the ledger's Release, keeps the task's attempt count: the
 	// next agent sees it as a take-over.
-	return t.stale(t.g.l.MarkUncertain(ctx, t.lease))
+	return t.stale(t.g.l.MarkUncertain(ctx, t.own()))
 }
