@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oncekit/oncekit/agent"
+	"github.com/oncekit/oncekit/internal/faultproxy"
 	"github.com/oncekit/oncekit/ledger"
 )
 
@@ -104,11 +105,11 @@ func rt3Setup(t testing.TB, taskLease time.Duration) rt3Env {
 // lost, and checks that the caller heard an outcome-unknown error and no tool started.
 func (e rt3Env) loseClaim(t testing.TB, task *agent.Task, step string, tool agent.Tool, args json.RawMessage) {
 	t.Helper()
-	before := e.px.Count("commit-lost")
+	before := e.px.Count(faultproxy.CommitLost)
 	e.px.SetEnabled(true)
 	_, err := task.Call(context.Background(), step, tool, args, e.c.fn, nil)
 	e.px.SetEnabled(false)
-	require.Equal(t, before+1, e.px.Count("commit-lost"), "the claim's COMMIT went through the proxy")
+	require.Equal(t, before+1, e.px.Count(faultproxy.CommitLost), "the claim's COMMIT went through the proxy")
 	require.ErrorIs(t, err, ledger.ErrOutcomeUnknown)
 	require.NotErrorIs(t, err, agent.ErrUncertain)
 	require.Zero(t, e.c.Starts(e.ref(t, task.ID, step, tool)), "the tool started although its claim's answer was lost")
@@ -1283,9 +1284,9 @@ func TestRedteam3DeadlineShorterThanWait(t *testing.T) {
 	}
 }
 
-// A heartbeat's commit answer is lost: the owner heard that its outcome is unknown, and
-// it still owns the task: its calls run, its next heartbeat and its finish succeed, and
-// another agent is refused the task.
+// Each round trip of a heartbeat is cut in turn (the server runs it, the owner hears
+// nothing): the owner still owns the task: another agent is refused it, its calls run,
+// its next heartbeat and its finish succeed.
 func TestRedteam3LostHeartbeatAnswer(t *testing.T) {
 	t.Parallel()
 	for _, lease := range []time.Duration{0, 10 * time.Second} {
@@ -1297,22 +1298,76 @@ func TestRedteam3LostHeartbeatAnswer(t *testing.T) {
 			if lease > 0 {
 				opts = &agent.ClaimTaskOpts{Lease: lease}
 			}
-			a, err := e.g.ClaimTask(ctx, "acme", "hb", opts)
-			require.NoError(t, err)
-			before := e.px.Count("commit-lost")
-			e.px.SetEnabled(true)
-			err = a.Heartbeat(ctx)
-			e.px.SetEnabled(false)
-			t.Logf("heartbeat with its answer lost heard %v (commits lost %d)", err, e.px.Count("commit-lost")-before)
-			_, errC := e.other.ClaimTask(ctx, "acme", "hb", nil)
-			require.ErrorIs(t, errC, ledger.ErrInProgress, "another agent while the owner's claim lives")
-			res, err := a.Call(ctx, "1", smtpSend, rt2Args, e.c.fn, nil)
-			require.NoError(t, err, "the owner's call after its heartbeat's answer was lost")
-			require.False(t, res.Replayed)
-			require.NoError(t, a.Heartbeat(ctx))
-			require.NoError(t, a.Finish(ctx, nil))
-			require.Equal(t, 1, e.c.Starts(e.ref(t, "hb", "1", smtpSend)))
+			for n := 1; ; n++ {
+				require.Less(t, n, 20)
+				id := "hb-" + strconv.Itoa(n)
+				a, err := e.g.ClaimTask(ctx, "acme", id, opts)
+				require.NoError(t, err)
+				e.px.Arm(faultproxy.CutAfter, n, true)
+				err = a.Heartbeat(ctx)
+				fired, at := e.px.Disarm()
+				if fired {
+					e.px.Settle(t, e.b.pool)
+				}
+				label := fmt.Sprintf("heartbeat cut after round trip %d (%.80q)", n, at)
+				t.Logf("%s: heard %v", label, err)
+				require.False(t, rt3Raw(err) && !errors.Is(err, ledger.ErrOutcomeUnknown), "%s: raw database error %v", label, err)
+				_, errC := e.other.ClaimTask(ctx, "acme", id, nil)
+				require.ErrorIs(t, errC, ledger.ErrInProgress, "%s: another agent while the owner's claim lives", label)
+				res, err := a.Call(ctx, "1", smtpSend, rt2Args, e.c.fn, nil)
+				require.NoError(t, err, "%s: the owner's call", label)
+				require.False(t, res.Replayed)
+				require.NoError(t, a.Heartbeat(ctx), label)
+				require.NoError(t, a.Finish(ctx, nil), label)
+				require.Equal(t, 1, e.c.Starts(e.ref(t, id, "1", smtpSend)))
+				if !fired {
+					break
+				}
+			}
 		})
+	}
+}
+
+// Each round trip of ClaimTask is cut in turn, and the same process claims the task
+// again, at once and after the lease. Nobody hears a database error; the task is
+// claimed by exactly one agent in the end, and its calls run once.
+func TestRedteam3LostClaimTaskAnswer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := rt3Setup(t, time.Minute)
+	for n := 1; ; n++ {
+		require.Less(t, n, 20)
+		id := "ct-" + strconv.Itoa(n)
+		e.px.Arm(faultproxy.CutAfter, n, true)
+		a, err := e.g.ClaimTask(ctx, "acme", id, nil)
+		fired, at := e.px.Disarm()
+		if fired {
+			e.px.Settle(t, e.b.pool)
+		}
+		label := fmt.Sprintf("ClaimTask cut after round trip %d (%.80q)", n, at)
+		if err == nil {
+			t.Logf("%s: heard success", label)
+		} else {
+			require.False(t, rt3Raw(err) && !errors.Is(err, ledger.ErrOutcomeUnknown), "%s: raw database error %v", label, err)
+			a2, err2 := e.g.ClaimTask(ctx, "acme", id, nil)
+			t.Logf("%s: heard %v; the same process's retry at once heard %v", label, err, err2)
+			if err2 != nil {
+				require.ErrorIs(t, err2, ledger.ErrInProgress, label)
+				e.b.clock.Advance(2 * time.Minute)
+				a2, err2 = e.g.ClaimTask(ctx, "acme", id, nil)
+				require.NoError(t, err2, "%s: after the lease", label)
+			}
+			a = a2
+		}
+		_, err = e.other.ClaimTask(ctx, "acme", id, nil)
+		require.ErrorIs(t, err, ledger.ErrInProgress, label)
+		_, err = a.Call(ctx, "1", smtpSend, rt2Args, e.c.fn, nil)
+		require.NoError(t, err, label)
+		require.NoError(t, a.Finish(ctx, nil), label)
+		require.Equal(t, 1, e.c.Starts(e.ref(t, id, "1", smtpSend)))
+		if !fired {
+			break
+		}
 	}
 }
 
