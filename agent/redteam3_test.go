@@ -1535,3 +1535,101 @@ func TestRedteam3LostClaimChangedArgsHerd(t *testing.T) {
 		}
 	}
 }
+
+// A slow tool returns while, at the same moment, another attempt (of the same process or
+// another) takes its lapsed call over: random delays on both sides, with a printed
+// seed. What the slow attempt heard agrees with the record: success only if its output
+// is the one stored and replayed; else an *agent.UncertainError that wraps the lease-lost
+// error, with the other attempt's record. Nobody hears a database error, and a tool
+// without a key starts once.
+func TestRedteam3RandomSlowTakeoverRace(t *testing.T) {
+	t.Parallel()
+	seed := rt2Seed(t)
+	rng := rand.New(rand.NewSource(seed))
+	ctx := context.Background()
+	e := rt3Setup(t, time.Hour)
+	tally := map[string]int{}
+	for round := 0; round < 30; round++ {
+		id := "slowrace-" + strconv.Itoa(round)
+		tool := []agent.Tool{smtpSend, emailAPI}[rng.Intn(2)]
+		ref := e.ref(t, id, "1", tool)
+		bGuard := []*agent.Guard{e.g, e.other}[rng.Intn(2)]
+		delayA := time.Duration(rng.Intn(4000)) * time.Microsecond
+		delayB := time.Duration(rng.Intn(4000)) * time.Microsecond
+		label := fmt.Sprintf("round %d (%s, other process %v, delays %v/%v)", round, tool.Name, bGuard == e.other, delayA, delayB)
+		inside, release := make(chan struct{}), make(chan struct{})
+		fn := func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
+			n := e.c.start(inv)
+			if n == 1 {
+				close(inside)
+				<-release
+				time.Sleep(delayA)
+			}
+			return rt3Output(inv, n), nil
+		}
+		type answer struct {
+			res agent.Result
+			err error
+		}
+		aDone, bDone := make(chan answer, 1), make(chan answer, 1)
+		go func() {
+			res, err := e.g.Task("acme", id).Call(ctx, "1", tool, rt2Args, fn, nil)
+			aDone <- answer{res, err}
+		}()
+		<-inside
+		e.b.clock.Advance(rt2Lapse)
+		go func() {
+			time.Sleep(delayB)
+			res, err := bGuard.Task("acme", id).Call(ctx, "1", tool, rt2Args, fn, &agent.CallOpts{Wait: 10 * time.Second})
+			bDone <- answer{res, err}
+		}()
+		close(release)
+		a, b := <-aDone, <-bDone
+		for _, x := range []answer{a, b} {
+			require.False(t, rt3Raw(x.err), "%s: raw database error %v", label, x.err)
+		}
+		starts := e.c.Starts(ref)
+		rec := e.record(t, ref)
+		require.NotNil(t, rec, label)
+		state := fmt.Sprintf("A heard %v (%s), B heard %v (%s, replayed %v), starts %d, record %s uncertain=%v", a.err, a.res.Output, b.err, b.res.Output, b.res.Replayed, starts, rec.State, rec.Uncertain)
+		switch {
+		case a.err == nil:
+			tally["slow recorded"]++
+			require.Equal(t, ledger.StateCompleted, rec.State, "%s: %s", label, state)
+			require.Equal(t, 1, starts, "%s: %s", label, state)
+			require.NoError(t, b.err, "%s: %s", label, state)
+			require.True(t, b.res.Replayed, "%s: %s", label, state)
+			require.JSONEq(t, string(a.res.Output), string(b.res.Output), "%s: %s", label, state)
+		default:
+			tally["taken over"]++
+			var unc *agent.UncertainError
+			require.ErrorAs(t, a.err, &unc, "%s: %s", label, state)
+			require.ErrorIs(t, a.err, ledger.ErrLeaseLost, "%s: %s", label, state)
+			if tool.AcceptsKey {
+				require.NoError(t, b.err, "%s: %s", label, state)
+				require.Equal(t, 2, starts, "%s: %s", label, state)
+				require.Equal(t, ledger.StateCompleted, rec.State, "%s: %s", label, state)
+			} else {
+				require.ErrorIs(t, b.err, agent.ErrUncertain, "%s: %s", label, state)
+				require.Equal(t, 1, starts, "%s: %s", label, state)
+			}
+		}
+		// A later call from either process hears the record.
+		for _, g := range []*agent.Guard{e.g, e.other} {
+			res, err := g.Task("acme", id).Call(ctx, "1", tool, rt2Args, fn, nil)
+			if rec.State == ledger.StateCompleted {
+				require.NoError(t, err, "%s: %s", label, state)
+				require.True(t, res.Replayed)
+				want := a.res.Output
+				if a.err != nil {
+					want = b.res.Output
+				}
+				require.JSONEq(t, string(want), string(res.Output), "%s: %s", label, state)
+			} else {
+				require.ErrorIs(t, err, agent.ErrUncertain, "%s: %s", label, state)
+			}
+		}
+		require.Equal(t, starts, e.c.Starts(ref), label)
+	}
+	t.Logf("outcomes: %v", tally)
+}
