@@ -1633,3 +1633,91 @@ func TestRedteam3RandomSlowTakeoverRace(t *testing.T) {
 	}
 	t.Logf("outcomes: %v", tally)
 }
+
+// An agent process runs 24 claimed tasks at once on one pool (of 16 connections); each
+// task's loop makes calls while another goroutine finishes the task, or releases it.
+// Every call and the finish answer within a 10 s deadline: a call hears its output, or,
+// once the task is finished or released, a refusal; a refused call starts no tool.
+func TestRedteam3EndBesideCallsManyTasks(t *testing.T) {
+	t.Parallel()
+	for _, end := range []string{"Finish", "Release"} {
+		t.Run(end, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := rt3Setup(t, time.Minute)
+			const tasks, steps = 24, 4
+			var wg sync.WaitGroup
+			var failed atomic.Int32
+			var mu sync.Mutex
+			var heard []string
+			note := func(format string, args ...any) {
+				failed.Add(1)
+				mu.Lock()
+				defer mu.Unlock()
+				if len(heard) < 8 {
+					heard = append(heard, fmt.Sprintf(format, args...))
+				}
+			}
+			owned := make([]*agent.Task, tasks)
+			for i := range owned {
+				var err error
+				owned[i], err = e.g.ClaimTask(ctx, "acme", "end-"+strconv.Itoa(i), nil)
+				require.NoError(t, err)
+			}
+			okCalls := make([][]bool, tasks)
+			start := make(chan struct{})
+			for i, task := range owned {
+				okCalls[i] = make([]bool, steps)
+				wg.Add(2)
+				go func(i int, task *agent.Task) {
+					defer wg.Done()
+					<-start
+					for k := 0; k < steps; k++ {
+						cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+						_, err := task.Call(cctx, strconv.Itoa(k), emailAPI, rt2Args, e.c.fn, nil)
+						cancel()
+						switch {
+						case err == nil:
+							okCalls[i][k] = true
+						case errors.Is(err, agent.ErrTaskDone), errors.Is(err, agent.ErrStaleOwner):
+						default:
+							note("task %d: call %d heard %v", i, k, err)
+						}
+					}
+				}(i, task)
+				go func(i int, task *agent.Task) {
+					defer wg.Done()
+					<-start
+					time.Sleep(time.Duration(i%4) * time.Millisecond)
+					cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					defer cancel()
+					var err error
+					if end == "Finish" {
+						err = task.Finish(cctx, nil)
+					} else {
+						err = task.Release(cctx)
+					}
+					if err != nil {
+						note("task %d: %s heard %v", i, end, err)
+					}
+				}(i, task)
+			}
+			close(start)
+			wg.Wait()
+			for _, h := range heard {
+				t.Error(h)
+			}
+			require.Zero(t, failed.Load(), "calls and ends that failed")
+			for i := range owned {
+				for k := 0; k < steps; k++ {
+					s := e.c.Starts(e.ref(t, "end-"+strconv.Itoa(i), strconv.Itoa(k), emailAPI))
+					if okCalls[i][k] {
+						require.Equal(t, 1, s, "task %d call %d", i, k)
+					} else {
+						require.Zero(t, s, "task %d call %d was refused", i, k)
+					}
+				}
+			}
+		})
+	}
+}
