@@ -1721,3 +1721,89 @@ func TestRedteam3EndBesideCallsManyTasks(t *testing.T) {
 		})
 	}
 }
+
+// A claim's answer is lost; the same process resumes it, and its tool acts and then its
+// agent dies (the context ends before the output is recorded). Then 24 goroutines of the
+// same process (through the task and other values of it) and of another retry, before
+// and after the lease: a tool without a key never starts again (the process that lost
+// the first claim must not resume it a second time), one with a key is made again once
+// with the same key.
+func TestRedteam3LostClaimResumedThenCrash(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []agent.Tool{smtpSend, emailAPI} {
+		for _, lapse := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/lapse=%v", tool.Name, lapse), func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				e := rt3Setup(t, time.Hour)
+				task := e.g.Task("acme", "resumecrash")
+				ref := e.ref(t, "resumecrash", "1", tool)
+				e.loseClaim(t, task, "1", tool, rt2Args)
+				dctx, die := context.WithCancel(ctx)
+				_, err := task.Call(dctx, "1", tool, rt2Args, func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
+					out, _ := e.c.fn(ctx, inv)
+					die()
+					return out, ctx.Err()
+				}, nil)
+				t.Logf("the resumed call whose agent died heard %v", err)
+				require.Error(t, err)
+				require.Equal(t, 1, e.c.Starts(ref))
+				if !tool.AcceptsKey {
+					require.ErrorIs(t, err, agent.ErrUncertain, "the tool acted and nothing was recorded")
+				}
+				if lapse {
+					e.b.clock.Advance(rt2Lapse)
+				}
+				const n = 24
+				heard := make([]rt3Heard, n)
+				start := make(chan struct{})
+				var wg sync.WaitGroup
+				for i := 0; i < n; i++ {
+					wg.Add(1)
+					go func(i int) {
+						defer wg.Done()
+						tk := task
+						switch i % 3 {
+						case 1:
+							tk = e.g.Task("acme", "resumecrash")
+						case 2:
+							tk, heard[i].other = e.other.Task("acme", "resumecrash"), true
+						}
+						<-start
+						heard[i].res, heard[i].err = tk.Call(ctx, "1", tool, rt2Args, e.c.fn, &agent.CallOpts{Wait: 2 * time.Second})
+					}(i)
+				}
+				close(start)
+				wg.Wait()
+				var outs []string
+				for i, h := range heard {
+					switch {
+					case rt3Raw(h.err):
+						t.Errorf("goroutine %d heard a raw database error: %v", i, h.err)
+					case h.err == nil:
+						outs = append(outs, string(h.res.Output))
+					case errors.Is(h.err, agent.ErrUncertain) && !tool.AcceptsKey:
+					case errors.Is(h.err, ledger.ErrInProgress):
+					default:
+						t.Errorf("goroutine %d heard %v", i, h.err)
+					}
+				}
+				switch {
+				case !tool.AcceptsKey:
+					require.Equal(t, 1, e.c.Starts(ref), "a tool without a key that acted once")
+					require.Empty(t, outs)
+				case lapse:
+					require.Equal(t, 2, e.c.Starts(ref), "one redrive")
+					invs := e.c.Invs(ref)
+					require.True(t, invs[1].Redrive)
+					require.Equal(t, invs[0].DownstreamKey, invs[1].DownstreamKey)
+				default:
+					require.LessOrEqual(t, e.c.Starts(ref), 2)
+				}
+				for _, o := range outs {
+					require.JSONEq(t, outs[0], o)
+				}
+			})
+		}
+	}
+}
