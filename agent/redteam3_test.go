@@ -1807,3 +1807,80 @@ func TestRedteam3LostClaimResumedThenCrash(t *testing.T) {
 		}
 	}
 }
+
+// A call's agent dies after its tool acted; once the lease lapsed, another process takes
+// the call over, and each round trip of that take-over is cut in turn. Whatever the
+// take-over heard, its process's retries and the first process's never start a tool
+// without a key again; one with a key is made again at most once, as a redrive with the
+// same key; every output heard is the one stored.
+func TestRedteam3LostTakeOverAnswer(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []agent.Tool{smtpSend, emailAPI} {
+		t.Run(tool.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := rt3Setup(t, time.Hour)
+			for n := 1; ; n++ {
+				require.Less(t, n, 30)
+				id := "lost-takeover-" + strconv.Itoa(n)
+				ref := e.ref(t, id, "1", tool)
+				dctx, die := context.WithCancel(ctx)
+				_, err := e.other.Task("acme", id).Call(dctx, "1", tool, rt2Args, func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
+					out, _ := e.c.fn(ctx, inv)
+					die()
+					return out, ctx.Err()
+				}, nil)
+				require.Error(t, err)
+				e.b.clock.Advance(rt2Lapse)
+				task := e.g.Task("acme", id)
+				e.px.Arm(faultproxy.CutAfter, n, true)
+				res1, err1 := task.Call(ctx, "1", tool, rt2Args, e.c.fn, nil)
+				fired, at := e.px.Disarm()
+				if fired {
+					e.px.Settle(t, e.b.pool)
+				}
+				label := fmt.Sprintf("take-over cut after round trip %d (%.80q)", n, at)
+				t.Logf("%s: heard %v; starts %d", label, err1, e.c.Starts(ref))
+				require.False(t, rt3Raw(err1) && !errors.Is(err1, ledger.ErrOutcomeUnknown), "%s: raw database error %v", label, err1)
+				var outs []string
+				if err1 == nil {
+					outs = append(outs, string(res1.Output))
+				}
+				for _, lapse := range []bool{false, true} {
+					if lapse {
+						e.b.clock.Advance(rt2Lapse)
+					}
+					for _, tk := range []*agent.Task{task, e.g.Task("acme", id), e.other.Task("acme", id)} {
+						res, err := tk.Call(ctx, "1", tool, rt2Args, e.c.fn, nil)
+						switch {
+						case err == nil:
+							outs = append(outs, string(res.Output))
+						case errors.Is(err, agent.ErrUncertain) && !tool.AcceptsKey:
+						case errors.Is(err, ledger.ErrInProgress) && !lapse:
+						default:
+							t.Errorf("%s: a retry (lapse %v) heard %v", label, lapse, err)
+						}
+					}
+				}
+				invs := e.c.Invs(ref)
+				if !tool.AcceptsKey {
+					require.Len(t, invs, 1, "%s: a tool without a key that acted once", label)
+					require.Empty(t, outs, label)
+				} else {
+					require.LessOrEqual(t, len(invs), 2, label)
+					for _, inv := range invs[1:] {
+						require.True(t, inv.Redrive, "%s: a start after an attempt that acted", label)
+						require.Equal(t, invs[0].DownstreamKey, inv.DownstreamKey, label)
+					}
+					require.NotEmpty(t, outs, label)
+				}
+				for _, o := range outs {
+					require.JSONEq(t, outs[0], o, label)
+				}
+				if !fired {
+					break
+				}
+			}
+		})
+	}
+}
