@@ -2023,3 +2023,71 @@ func TestRedteam3LeaseUntilAfterRefusals(t *testing.T) {
 		})
 	}
 }
+
+// 24 goroutines of the owner finish its task at once, half with one outcome and half
+// with another, while the owner's calls race them. Finish is
+// idempotent for its owner: every Finish with the committed outcome hears nil, every one
+// with the other hears the task done; nobody hears a database error; another agent is
+// refused the finished task.
+func TestRedteam3ConcurrentFinish(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := rt3Setup(t, time.Minute)
+	for round := 0; round < 4; round++ {
+		id := "finish-" + strconv.Itoa(round)
+		a, err := e.g.ClaimTask(ctx, "acme", id, nil)
+		require.NoError(t, err)
+		outcomes := []json.RawMessage{json.RawMessage(`{"done":"x"}`), json.RawMessage(`{"done":"y"}`)}
+		const n = 24
+		errs := make([]error, n)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func(i int) {
+				defer wg.Done()
+				<-start
+				if i%4 == 3 {
+					_, errs[i] = a.Call(ctx, "c"+strconv.Itoa(i), smtpSend, rt2Args, e.c.fn, nil)
+					return
+				}
+				errs[i] = a.Finish(ctx, outcomes[i%2])
+			}(i)
+		}
+		close(start)
+		wg.Wait()
+		won := -1
+		for i, err := range errs {
+			if i%4 == 3 {
+				ref := e.ref(t, id, "c"+strconv.Itoa(i), smtpSend)
+				switch {
+				case err == nil:
+					require.Equal(t, 1, e.c.Starts(ref))
+				case errors.Is(err, agent.ErrTaskDone), errors.Is(err, agent.ErrStaleOwner):
+					require.Zero(t, e.c.Starts(ref), "round %d: a refused call started its tool", round)
+				default:
+					t.Errorf("round %d: call %d heard %v", round, i, err)
+				}
+				continue
+			}
+			if err == nil {
+				if won >= 0 && won != i%2 {
+					t.Errorf("round %d: Finish with both outcomes heard nil", round)
+				}
+				won = i % 2
+			}
+		}
+		require.GreaterOrEqual(t, won, 0, "round %d: no Finish heard nil: %v", round, errs)
+		for i, err := range errs {
+			if i%4 == 3 || err == nil {
+				continue
+			}
+			if rt3Raw(err) || !errors.Is(err, agent.ErrTaskDone) || i%2 == won {
+				t.Errorf("round %d: Finish %d (outcome %s, committed %s) heard %v", round, i, outcomes[i%2], outcomes[won], err)
+			}
+		}
+		_, err = e.other.ClaimTask(ctx, "acme", id, nil)
+		require.ErrorIs(t, err, agent.ErrTaskDone)
+		require.NoError(t, a.Finish(ctx, outcomes[won]), "a retry with the committed outcome")
+	}
+}
