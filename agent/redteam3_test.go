@@ -186,7 +186,7 @@ func (e rt3Env) herd(t *testing.T, c rt3HerdCase, id string) {
 
 	starts := e.c.Starts(ref)
 	var outs []string
-	var firstRuns, uncSame, uncOther int
+	var firstRuns, uncSame, uncOther, leaseLost int
 	for i, h := range heard {
 		who := map[bool]string{false: "same process", true: "other process"}[h.other]
 		switch {
@@ -196,6 +196,13 @@ func (e rt3Env) herd(t *testing.T, c rt3HerdCase, id string) {
 			outs = append(outs, string(h.res.Output))
 			if !h.res.Replayed {
 				firstRuns++
+			}
+		case errors.Is(h.err, agent.ErrUncertain) && errors.Is(h.err, ledger.ErrLeaseLost):
+			// The attempt whose tool ran while the clock moved past its lease, and whose
+			// call another attempt took over.
+			leaseLost++
+			if c.lapseAfter == 0 {
+				t.Errorf("%v: goroutine %d (%s) heard %v, yet the clock did not move while the herd ran", c, i, who, h.err)
 			}
 		case errors.Is(h.err, agent.ErrUncertain):
 			if h.other {
@@ -211,7 +218,11 @@ func (e rt3Env) herd(t *testing.T, c rt3HerdCase, id string) {
 			t.Errorf("%v: goroutine %d (%s) heard %v", c, i, who, h.err)
 		}
 	}
-	t.Logf("%v: starts %d, outputs %d (first runs %d), uncertain same/other %d/%d", c, starts, len(outs), firstRuns, uncSame, uncOther)
+	t.Logf("%v: starts %d, outputs %d (first runs %d), uncertain same/other %d/%d, lease lost %d", c, starts, len(outs), firstRuns, uncSame, uncOther, leaseLost)
+	// With the clock moved while the herd runs, the tool that resumed the claim may
+	// outlive its lease: another attempt then takes the call over (made again with the
+	// same key, or reported uncertain), and the slow attempt hears its lease lost.
+	overtaken := c.lapseAfter > 0 && starts > 0
 	if !c.tool.AcceptsKey && starts > 1 {
 		t.Errorf("%v: a tool without a key started %d times", c, starts)
 	}
@@ -227,7 +238,7 @@ func (e rt3Env) herd(t *testing.T, c rt3HerdCase, id string) {
 			break
 		}
 	}
-	if starts > 0 && !c.tool.AcceptsKey && uncSame+uncOther > 0 {
+	if starts > 0 && !c.tool.AcceptsKey && uncSame+uncOther > 0 && !overtaken {
 		// The tool ran once and recorded its output: nobody had reason to call it
 		// uncertain, and an uncertain call must never start afterwards.
 		t.Errorf("%v: the tool started and %d goroutines heard uncertain", c, uncSame+uncOther)
@@ -245,8 +256,11 @@ func (e rt3Env) herd(t *testing.T, c rt3HerdCase, id string) {
 	if c.tool.AcceptsKey && uncSame+uncOther > 0 {
 		t.Errorf("%v: a tool with a key was heard uncertain by %d goroutines", c, uncSame+uncOther)
 	}
-	if c.tool.AcceptsKey && starts > 1 {
-		t.Errorf("%v: a tool with a key whose claim never started ran %d times", c, starts)
+	if c.tool.AcceptsKey && starts > 1 && !(overtaken && starts == 2 && leaseLost == 1 && e.c.Invs(ref)[1].Redrive) {
+		t.Errorf("%v: a tool with a key whose claim never started ran %d times (lease lost heard %d)", c, starts, leaseLost)
+	}
+	if leaseLost > 1 {
+		t.Errorf("%v: %d attempts heard their lease lost", c, leaseLost)
 	}
 	for _, inv := range e.c.Invs(ref) {
 		if inv.DownstreamKey != e.c.Invs(ref)[0].DownstreamKey {
@@ -2091,5 +2105,58 @@ func TestRedteam3ConcurrentFinish(t *testing.T) {
 		_, err = e.other.ClaimTask(ctx, "acme", id, nil)
 		require.ErrorIs(t, err, agent.ErrTaskDone)
 		require.NoError(t, a.Finish(ctx, outcomes[won]), "a retry with the committed outcome")
+	}
+}
+
+// A claim's answer is lost; the same process resumes it, and its tool outlives the
+// resumed claim's lease while another process takes the call over. The resumed attempt
+// hears an *agent.UncertainError that wraps the lease-lost error, and the record is the
+// other attempt's: made again with the same key, or reported uncertain.
+func TestRedteam3ResumedClaimOutlivesLease(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []agent.Tool{smtpSend, emailAPI} {
+		t.Run(tool.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			e := rt3Setup(t, time.Hour)
+			task := e.g.Task("acme", "resumed-slow")
+			ref := e.ref(t, "resumed-slow", "1", tool)
+			e.loseClaim(t, task, "1", tool, rt2Args)
+			var resB agent.Result
+			var errB error
+			fn := func(ctx context.Context, inv agent.Invocation) (json.RawMessage, error) {
+				n := e.c.start(inv)
+				if n == 1 {
+					e.b.clock.Advance(rt2Lapse)
+					resB, errB = e.other.Task("acme", "resumed-slow").Call(ctx, "1", tool, rt2Args, e.c.fn, nil)
+				}
+				return rt3Output(inv, n), nil
+			}
+			_, errA := task.Call(ctx, "1", tool, rt2Args, fn, nil)
+			t.Logf("the other process heard %v; the resumed attempt heard %v", errB, errA)
+			invs := e.c.Invs(ref)
+			require.False(t, invs[0].Redrive)
+			if tool.AcceptsKey {
+				require.NoError(t, errB)
+				require.Len(t, invs, 2)
+				require.True(t, invs[1].Redrive)
+				require.Equal(t, invs[0].DownstreamKey, invs[1].DownstreamKey)
+			} else {
+				require.ErrorIs(t, errB, agent.ErrUncertain)
+				require.Len(t, invs, 1)
+			}
+			var unc *agent.UncertainError
+			require.ErrorAs(t, errA, &unc)
+			require.ErrorIs(t, errA, ledger.ErrLeaseLost)
+			res, err := task.Call(ctx, "1", tool, rt2Args, e.c.fn, nil)
+			if tool.AcceptsKey {
+				require.NoError(t, err)
+				require.True(t, res.Replayed)
+				require.JSONEq(t, string(resB.Output), string(res.Output))
+			} else {
+				require.ErrorIs(t, err, agent.ErrUncertain)
+			}
+			require.Equal(t, len(invs), e.c.Starts(ref))
+		})
 	}
 }
