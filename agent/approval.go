@@ -29,7 +29,8 @@ func (g *Guard) gate(ctx context.Context, t *Task, c *call) error {
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := t.fence(ctx, tx); err != nil {
+	fenced, err := t.fence(ctx, tx)
+	if err != nil {
 		return err
 	}
 	if err := g.freeze(ctx, tx, c); err != nil {
@@ -57,11 +58,13 @@ func (g *Guard) gate(ctx context.Context, t *Task, c *call) error {
 		if err := tx.Commit(ctx); err != nil {
 			return err
 		}
+		t.renewed(fenced)
 		return &RejectedError{Call: c.ref, Reason: "timeout", TimedOut: true}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
+	t.renewed(fenced)
 	var deadline time.Time
 	if s.deadline != nil {
 		deadline = *s.deadline

@@ -535,7 +535,8 @@ func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (_ ledger.Claim
 	if err := g.lockCall(ctx, tx, c); err != nil {
 		return ledger.ClaimResult{}, err
 	}
-	if err := t.fence(ctx, tx); err != nil {
+	fenced, err := t.fence(ctx, tx)
+	if err != nil {
 		return ledger.ClaimResult{}, err
 	}
 	var claim ledger.ClaimResult
@@ -584,6 +585,7 @@ func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (_ ledger.Claim
 			if err := tx.Commit(ctx); err != nil {
 				return ledger.ClaimResult{}, fmt.Errorf("oncekit/agent: renew the claim of task %q: %w", t.ID, err)
 			}
+			t.renewed(fenced)
 		}
 		return claim, nil
 	}
@@ -602,6 +604,7 @@ func (g *Guard) claimOnce(ctx context.Context, t *Task, c *call) (_ ledger.Claim
 		}
 		return ledger.ClaimResult{}, fmt.Errorf("oncekit/agent: commit the claim of %s: %w", c.ref, err)
 	}
+	t.renewed(fenced)
 	return claim, nil
 }
 
@@ -624,7 +627,8 @@ func (t *Task) CallTx(ctx context.Context, step string, tool Tool, args json.Raw
 	if err := g.lockCall(ctx, tx, c); err != nil {
 		return Result{Call: c.ref}, err
 	}
-	if err := t.fence(ctx, tx); err != nil {
+	fenced, err := t.fence(ctx, tx)
+	if err != nil {
 		return Result{Call: c.ref}, err
 	}
 	if err := g.freeze(ctx, tx, c); err != nil {
@@ -657,6 +661,7 @@ func (t *Task) CallTx(ctx context.Context, step string, tool Tool, args json.Raw
 	if cerr := tx.Commit(ctx); cerr != nil {
 		return Result{Call: c.ref}, fmt.Errorf("oncekit/agent: commit %s: %w", c.ref, cerr)
 	}
+	t.renewed(fenced)
 	if err != nil {
 		return Result{Call: c.ref}, err
 	}

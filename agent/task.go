@@ -117,9 +117,11 @@ func (t *Task) Heartbeat(ctx context.Context) error {
 		return nil
 	}
 	l := t.own()
-	err := t.g.l.Extend(ctx, l, t.leaseFor)
-	t.renewed(l, err)
-	return t.stale(err)
+	if err := t.g.l.Extend(ctx, l, t.leaseFor); err != nil {
+		return t.stale(err)
+	}
+	t.renewed(l)
+	return nil
 }
 
 // own returns a copy of the task's lease, to renew or end with the ledger without
@@ -132,9 +134,10 @@ func (t *Task) own() *ledger.Lease {
 	return &l
 }
 
-// renewed keeps the later end of the task's lease, once l was renewed without error.
-func (t *Task) renewed(l *ledger.Lease, err error) {
-	if err != nil {
+// renewed keeps the later end of the task's lease, once l's renewal committed; a nil l
+// (a task not claimed) is ignored.
+func (t *Task) renewed(l *ledger.Lease) {
+	if l == nil {
 		return
 	}
 	t.mu.Lock()
@@ -146,15 +149,18 @@ func (t *Task) renewed(l *ledger.Lease, err error) {
 
 // fence renews the task's claim inside tx, the transaction that claims a tool call:
 // the row lock it takes keeps another agent from taking the task over until tx ends,
-// and a claim that passed to another agent refuses the call.
-func (t *Task) fence(ctx context.Context, tx pgx.Tx) error {
+// and a claim that passed to another agent refuses the call. It returns the renewed
+// lease (nil for a task not claimed), which the caller keeps with [Task.renewed] once
+// tx committed: a renewal rolled back with a refused call renewed nothing.
+func (t *Task) fence(ctx context.Context, tx pgx.Tx) (*ledger.Lease, error) {
 	if t.lease == nil {
-		return nil
+		return nil, nil
 	}
 	l := t.own()
-	err := t.g.l.ExtendTx(ctx, tx, l, t.leaseFor)
-	t.renewed(l, err)
-	return t.stale(err)
+	if err := t.g.l.ExtendTx(ctx, tx, l, t.leaseFor); err != nil {
+		return nil, t.stale(err)
+	}
+	return l, nil
 }
 
 func (t *Task) stale(err error) error {

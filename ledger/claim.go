@@ -20,7 +20,10 @@ type ClaimOpts struct {
 	// it longer than the external call can take. Defaults to [Config].Lease.
 	Lease time.Duration
 	// Wait bounds how long the call waits for another attempt's live claim to finish.
-	// Defaults to 0: fail fast with an [*InProgressError], as [NoWait] does.
+	// Defaults to 0: fail fast with an [*InProgressError], as [NoWait] does. In
+	// [Ledger.ClaimTx], the claim's INSERT waits for a lock for at least 100 ms
+	// whatever Wait says, so that a brief lock of another kind (one that extends the
+	// table, under many inserters) is not taken for another attempt holding the key.
 	Wait time.Duration
 	// Retention overrides how long the record is kept. Defaults to the operation's
 	// retention from [Config].
@@ -188,13 +191,23 @@ func (l *Ledger) claim(ctx context.Context, q querier, in Intent, opts *ClaimOpt
 	}
 }
 
+// claimLockFloor is the least time ClaimTx's INSERT waits for a lock, with or without
+// a wait of the call's.
+const claimLockFloor = 100 * time.Millisecond
+
 // claimInTx sends the claim inside the caller's transaction, with its wait for another
 // transaction's uncommitted record of the key bounded on the server by lock_timeout: by
 // what is left of the call's wait, and never past the context's deadline. A deadline
 // that pgx enforced would close the connection, and the caller's transaction with it;
 // PostgreSQL's lock timeout fails the statement alone, which a savepoint undoes. The
 // caller's lock_timeout is restored afterwards.
+//
+// The lock timeout is never under claimLockFloor: it bounds every lock the INSERT
+// meets, not only the key's, and a fresh key's INSERT may wait briefly for a lock of
+// another kind (such as the one that extends the table by a page, under many
+// inserters), which is no other attempt holding the key.
 func (l *Ledger) claimInTx(ctx context.Context, tx pgx.Tx, wait time.Duration, args, dest []any) error {
+	wait = max(wait, claimLockFloor)
 	if dl, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(dl))
 	}

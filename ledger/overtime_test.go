@@ -460,6 +460,36 @@ func TestClaimTx_UncommittedClaimBoundsTheWait(t *testing.T) {
 	}
 }
 
+// ClaimTx without a wait refuses a key that another attempt holds, not a fresh key
+// whose INSERT meets a brief lock that has nothing to do with the key: under load, the
+// lock that extends the table by a page, taken by another inserter; here a lock that
+// a trigger of the table takes while another transaction holds it for 30 ms. It claims
+// the key.
+func TestClaimTx_NoWaitRidesOutABriefLock(t *testing.T) {
+	t.Parallel()
+	l, b := setup(t, nil)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `CREATE FUNCTION `+pgx.Identifier{b.schema, "brief_lock"}.Sanitize()+`() RETURNS trigger LANGUAGE plpgsql AS
+		$$ BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NEW; END $$;
+		CREATE TRIGGER brief_lock BEFORE INSERT ON `+pgx.Identifier{b.schema, "idempotency_records"}.Sanitize()+`
+		FOR EACH ROW EXECUTE FUNCTION `+pgx.Identifier{b.schema, "brief_lock"}.Sanitize()+`()`)
+	require.NoError(t, err)
+	other, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer other.Rollback(ctx)
+	_, err = other.Exec(ctx, "SELECT pg_advisory_xact_lock(4242)")
+	require.NoError(t, err)
+	time.AfterFunc(30*time.Millisecond, func() { _ = other.Commit(ctx) })
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	res, err := l.ClaimTx(ctx, tx, intent(t, "acme", "order-fresh", order{Item: "tea", Amount: 1}), &ledger.ClaimOpts{Wait: ledger.NoWait})
+	require.NoError(t, err, "no other attempt holds the key")
+	require.NotNil(t, res.Lease)
+	require.NoError(t, tx.Commit(ctx))
+}
+
 // A call whose COMMIT was sent when its context ended cannot know whether PostgreSQL
 // committed: it says so with a typed error, and the next call with the key replays the
 // result when the commit happened after the first call returned.
