@@ -30,6 +30,7 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/oncekit/oncekit/internal/config"
+	"github.com/oncekit/oncekit/internal/proc"
 )
 
 // CLIVersion is the Temporal CLI built for the dev server (Temporal server 1.29.1).
@@ -303,13 +304,7 @@ func (s *Server) Stop() error {
 	if s.cmd == nil {
 		return nil
 	}
-	_ = s.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-s.exited:
-	case <-time.After(10 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.exited
-	}
+	proc.Interrupt(s.cmd.Process, s.exited, 10*time.Second)
 	return nil
 }
 

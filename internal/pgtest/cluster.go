@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/oncekit/oncekit/internal/proc"
 )
 
 // Cluster is a throwaway PostgreSQL cluster in a temporary directory, owned by this
@@ -186,13 +188,7 @@ func (c *Cluster) Stop() error {
 	if c.cmd == nil {
 		return nil
 	}
-	_ = c.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-c.waitErr:
-	case <-time.After(30 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.waitErr
-	}
+	proc.Interrupt(c.cmd.Process, c.waitErr, 30*time.Second)
 	c.cmd = nil
 	c.log.Close()
 	return nil
