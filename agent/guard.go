@@ -77,12 +77,13 @@ type Config struct {
 // Guard runs an agent's tool calls once per place in a task, on a [ledger.Ledger]. It
 // is safe for concurrent use.
 type Guard struct {
-	l    *ledger.Ledger
-	pool *pgxpool.Pool
-	cfg  Config
-	q    queries
-	log  *slog.Logger
-	lost lostClaims
+	l         *ledger.Ledger
+	pool      *pgxpool.Pool
+	cfg       Config
+	q         queries
+	log       *slog.Logger
+	lost      lostClaims
+	lostTasks lostTasks
 }
 
 // errNilFunc is the error of a call given no tool function.

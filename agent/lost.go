@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncekit/oncekit/ledger"
@@ -103,4 +104,39 @@ func (g *Guard) resume(ctx context.Context, tx pgx.Tx, lease *ledger.Lease) (boo
 		return false, nil
 	}
 	return err == nil, err
+}
+
+// lostTasks remembers the owner tokens of task claims whose commit's answer was lost, so
+// that ClaimTask again in this process resumes the claim if it committed (the ledger
+// resumes a live lease by its token) instead of hearing it held by another agent until
+// its lease runs out.
+type lostTasks struct {
+	mu sync.Mutex
+	m  map[string]uuid.UUID
+}
+
+func taskKey(tenant, id string) string { return tenant + "\x00" + id }
+
+func (l *lostTasks) put(tenant, id string, token uuid.UUID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = map[string]uuid.UUID{}
+	}
+	if _, ok := l.m[taskKey(tenant, id)]; ok || len(l.m) < lostClaimsLimit {
+		l.m[taskKey(tenant, id)] = token
+	}
+}
+
+// token is the remembered token of the task, or uuid.Nil.
+func (l *lostTasks) token(tenant, id string) uuid.UUID {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.m[taskKey(tenant, id)]
+}
+
+func (l *lostTasks) forget(tenant, id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.m, taskKey(tenant, id))
 }

@@ -60,7 +60,9 @@ type ClaimTaskOpts struct {
 // Keep it with [Task.Heartbeat] and end it with [Task.Finish] or [Task.Release]. A task
 // another agent holds is refused with ledger.ErrInProgress; a task whose owner's lease
 // ran out is taken over (Task.TakenOver); a finished task is refused with
-// [ErrTaskDone].
+// [ErrTaskDone]. When the claim's answer was lost (an error that matches
+// ledger.ErrOutcomeUnknown), ClaimTask again in the same process resumes the claim if
+// it committed, while its lease lasts, rather than hear it held by another agent.
 func (g *Guard) ClaimTask(ctx context.Context, tenant, id string, opts *ClaimTaskOpts) (*Task, error) {
 	in, err := taskIntent(tenant, id)
 	if err != nil {
@@ -70,7 +72,15 @@ func (g *Guard) ClaimTask(ctx context.Context, tenant, id string, opts *ClaimTas
 	if opts != nil && opts.Lease > 0 {
 		lease = opts.Lease
 	}
-	claim, err := g.l.Claim(ctx, in, &ledger.ClaimOpts{Lease: lease})
+	claim, err := g.l.Claim(ctx, in, &ledger.ClaimOpts{Lease: lease, Token: g.lostTasks.token(tenant, id)})
+	var unknown *ledger.OutcomeUnknownError
+	if errors.As(err, &unknown) {
+		// The claim may have committed: a retry in this process resumes it, by its token,
+		// while its lease lasts, rather than wait for the lease as for another agent's.
+		g.lostTasks.put(tenant, id, unknown.Token)
+	} else {
+		g.lostTasks.forget(tenant, id)
+	}
 	var derr *ledger.DefinitiveError
 	switch {
 	case errors.As(err, &derr):
