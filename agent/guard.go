@@ -368,7 +368,11 @@ func (g *Guard) changed(ctx context.Context, c *call) error {
 // an [*UncertainError] and fn does not run. An output over the ledger's body limit
 // cannot be stored, and counts as an answer that was lost. When the claim's commit goes
 // unanswered, Call returns an error that wraps a ledger.OutcomeUnknownError before fn
-// starts; a retry in the same process resumes the claim.
+// starts; a retry in the same process resumes the claim. When the answer to the commit
+// that stores fn's output is lost, Call returns such an error too, after fn ran: it is
+// unknown whether the output was recorded, and a retry replays it if it was, or, once
+// the call's lease ran out, treats the call as one that may have happened (made again
+// with the same downstream key, or reported uncertain).
 func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMessage, fn ToolFunc, opts *CallOpts) (Result, error) {
 	g := t.g
 	c, err := g.open(ctx, t, step, tool, args, fn == nil)
