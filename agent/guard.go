@@ -395,7 +395,13 @@ func (t *Task) Call(ctx context.Context, step string, tool Tool, args json.RawMe
 	c.inv.Attempt, c.inv.Redrive = lease.Attempt, lease.Redrive
 	if lease.Redrive && !tool.AcceptsKey {
 		// An earlier attempt may have acted: keep the record uncertain for the operator.
-		if err := g.l.MarkUncertain(rctx, lease); err != nil {
+		err := g.l.MarkUncertain(rctx, lease)
+		if errors.Is(err, ledger.ErrLeaseLost) {
+			// Yet another attempt took the call over meanwhile: it is as uncertain for
+			// this one, which started nothing.
+			return Result{Call: c.ref}, g.uncertain(ctx, c, lease.Attempt, err)
+		}
+		if err != nil {
 			return Result{Call: c.ref}, err
 		}
 		return Result{Call: c.ref}, g.uncertain(ctx, c, lease.Attempt, nil)
