@@ -76,6 +76,25 @@ func TestDispatcher_AttemptsCountFailedPublications(t *testing.T) {
 		require.Equal(t, map[uuid.UUID]int{id: 0}, handedOn(t, b))
 	})
 
+	t.Run("NilWithinGraceIsPublished", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		id := b.produce(t, "acc-1", 1)
+		// The publisher answers success just after its deadline, within the grace the
+		// dispatcher gives it (an eighth of Lease): the event arrived, and is not
+		// published again.
+		d := b.dispatcher(t, outbox.PublisherFunc(func(ctx context.Context, _ outbox.Event) error {
+			<-ctx.Done()
+			return nil
+		}), &outbox.DispatcherConfig{PublishTimeout: 50 * time.Millisecond, Lease: 2 * time.Second})
+		n, err := d.DispatchOnce(context.Background())
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		state, attempts, _ := row(t, b, id)
+		require.Equal(t, "published", state)
+		require.Equal(t, 1, attempts)
+	})
+
 	t.Run("LateNilIsAFailure", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

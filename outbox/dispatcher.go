@@ -77,7 +77,9 @@ type DispatcherConfig struct {
 	BackoffMin, BackoffMax time.Duration
 	// PublishTimeout bounds one publication: the publisher's context has this deadline,
 	// and a publication that outlives it counts as a failed attempt (with backoff), even
-	// if the publisher ignores its context. Defaults to [PublishTimeoutDefault].
+	// if the publisher ignores its context, unless the publisher still reports success
+	// within a short grace (an eighth of Lease, within the lease's margin): then the
+	// event counts as published. Defaults to [PublishTimeoutDefault].
 	PublishTimeout time.Duration
 	// Lease is how long a claimed batch belongs to this dispatcher. Claims commit at
 	// once and hold no row lock while the dispatcher publishes; a dispatcher that dies
@@ -683,6 +685,11 @@ func (d *Dispatcher) publish(ctx context.Context, e Event) error {
 		defer t.Stop()
 		select {
 		case err = <-res:
+			if err == nil && ctx.Err() == nil {
+				// The publisher answered within the grace, while the lease still holds
+				// (the grace is within its margin): the event arrived.
+				return nil
+			}
 		case <-t.C:
 		}
 	}
