@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,7 +51,9 @@ type StatementOpts struct {
 // Response.Code set to st.Code; a replay returns the same bytes.
 //
 // A retry of a completed intent returns the stored response with Result.Replayed set,
-// in one round trip that writes nothing; st does not run. The same key with another
+// in one round trip that writes nothing; st does not run. A key whose record expired
+// and was not purged yet is a new intent, in two round trips: the first learns of the
+// expired record, the second replaces it. The same key with another
 // fingerprint returns a [*FingerprintMismatchError]; a key another attempt holds is
 // waited for up to [StatementOpts].Wait as [Ledger.Do] waits, and then replays or runs
 // st once; a stored failure from [Ledger.Do] is returned as its [*DefinitiveError]. A
@@ -115,11 +118,11 @@ func (l *Ledger) DoStatement(ctx context.Context, in Intent, st Statement, opts 
 			return Result{}, errors.New("oncekit/ledger: DoStatement takes no query options among its arguments: the ledger sends the statement")
 		}
 	}
-	text, err := l.guarded(sql, len(args))
+	forms, err := l.guarded(sql, len(args))
 	if err != nil {
 		return Result{}, err
 	}
-	s := &stmtAttempt{l: l, in: in, conn: conn.Conn(), text: text, w: newWait(ctx, o.Wait), code: st.Code,
+	s := &stmtAttempt{l: l, in: in, conn: conn.Conn(), forms: forms, w: newWait(ctx, o.Wait), code: st.Code,
 		retention: l.retention(in.Scope.Operation, o.Retention), base: len(args)}
 	origin := originArgs(ctx)
 	s.args = append(append(make([]any, 0, len(args)+14), args...),
@@ -128,12 +131,17 @@ func (l *Ledger) DoStatement(ctx context.Context, in Intent, st Statement, opts 
 	return s.run(ctx)
 }
 
-// guardedCache holds the guarded form of the statements seen, by statement and
+// guardedCache holds the guarded forms of the statements seen, by statement and
 // argument count; past guardedLimit it starts over.
 var (
 	guardedMu    sync.Mutex
-	guardedCache = map[guardedKey]string{}
+	guardedCache = map[guardedKey]guardedForms{}
 )
+
+// guardedForms are a statement's two guarded forms (see sql/statement.sql): first
+// refuses any record of the key and inserts the record without a conflict clause;
+// replace refuses only a live record and replaces an expired one.
+type guardedForms struct{ first, replace string }
 
 type guardedKey struct {
 	schema, sql string
@@ -142,22 +150,22 @@ type guardedKey struct {
 
 const guardedLimit = 1024
 
-// guarded returns the statement sql, with n arguments, in its guarded form (see
+// guarded returns the statement sql, with n arguments, in its guarded forms (see
 // sql/statement.sql), or why it cannot run guarded.
-func (l *Ledger) guarded(sql string, n int) (string, error) {
+func (l *Ledger) guarded(sql string, n int) (guardedForms, error) {
 	k := guardedKey{l.cfg.Schema, sql, n}
 	guardedMu.Lock()
-	text, ok := guardedCache[k]
+	forms, ok := guardedCache[k]
 	guardedMu.Unlock()
 	if ok {
-		return text, nil
+		return forms, nil
 	}
 	p, err := splitStatement(sql)
 	if err != nil {
-		return "", fmt.Errorf("oncekit/ledger: DoStatement: %w", err)
+		return guardedForms{}, fmt.Errorf("oncekit/ledger: DoStatement: %w", err)
 	}
 	if p.maxParam > n {
-		return "", fmt.Errorf("oncekit/ledger: DoStatement: the statement uses $%d and has %d arguments", p.maxParam, n)
+		return guardedForms{}, fmt.Errorf("oncekit/ledger: DoStatement: the statement uses $%d and has %d arguments", p.maxParam, n)
 	}
 	with := "WITH"
 	if p.recursive {
@@ -167,29 +175,40 @@ func (l *Ledger) guarded(sql string, n int) (string, error) {
 		with += " " + p.ctes + ","
 	}
 	param := func(i int, typ string) string { return "$" + strconv.Itoa(n+i) + "::" + typ }
-	text = strings.NewReplacer(
+	r := strings.NewReplacer(
 		"{{with}}", with, "{{main}}", p.main,
 		"{{tenant}}", param(1, "text"), "{{operation}}", param(2, "text"), "{{key}}", param(3, "text"),
 		"{{fingerprint}}", param(4, "text"), "{{code}}", param(5, "int4"), "{{lock}}", param(6, "int8"),
 		"{{now}}", param(7, "timestamptz"), "{{max}}", param(8, "int4"), "{{at}}", param(9, "timestamptz"),
 		"{{retention}}", param(10, "interval"), "{{workflow_id}}", param(11, "text"), "{{run_id}}", param(12, "text"),
 		"{{workflow_type}}", param(13, "text"), "{{activity_type}}", param(14, "text"),
-	).Replace(l.q.statement)
+	)
+	forms = guardedForms{first: r.Replace(replaceSpans.ReplaceAllString(l.q.statement, "")),
+		replace: r.Replace(replaceMarks.Replace(l.q.statement))}
 	guardedMu.Lock()
 	if len(guardedCache) >= guardedLimit {
 		clear(guardedCache)
 	}
-	guardedCache[k] = text
+	guardedCache[k] = forms
 	guardedMu.Unlock()
-	return text, nil
+	return forms, nil
 }
+
+// The parts of sql/statement.sql only its replacing form has.
+var (
+	replaceSpans = regexp.MustCompile(`(?s)\{\{replace\}\}.*?\{\{/replace\}\}`)
+	replaceMarks = strings.NewReplacer("{{replace}}", "", "{{/replace}}", "")
+)
 
 // stmtAttempt is one call of DoStatement.
 type stmtAttempt struct {
-	l         *Ledger
-	in        Intent
-	conn      *pgx.Conn
-	text      string
+	l     *Ledger
+	in    Intent
+	conn  *pgx.Conn
+	forms guardedForms
+	// replacing says the look-up showed the key's record expired: the statement is
+	// sent in the form that replaces it.
+	replacing bool
 	args      []any
 	w         wait
 	code      int
@@ -260,7 +279,7 @@ func (s *stmtAttempt) run(ctx context.Context) (Result, error) {
 		case code == pgsql.InvalidTextRepresentation && marked(err, claimRefused) != "":
 			// Refused: the record read just before answers, or another attempt holds
 			// the key's lock.
-		case code == pgsql.CheckViolation && recordStateCheck(err):
+		case statementConflict(err):
 			// A live record written by an attempt that takes no claim met this one.
 			res, free, err := s.l.settleQ(ctx, s.conn, s.in, s.waitLeft(), time.Now(), true)
 			if free == notFree {
@@ -276,6 +295,12 @@ func (s *stmtAttempt) run(ctx context.Context) (Result, error) {
 			// Sent: pgx may call an error safe to retry ("conn closed") for a statement
 			// whose answer was lost after it committed, so none is taken for unsent.
 			return Result{}, &OutcomeUnknownError{Scope: s.in.Scope, Key: s.in.Key, Err: err}
+		}
+		if rec != nil && rec.Expired && !s.replacing {
+			// The first form refuses an expired record too: send the form that
+			// replaces it, at once.
+			s.replacing = true
+			continue
 		}
 		if rec != nil && !rec.Expired {
 			res, free, err := s.l.judge(s.in, rec)
@@ -324,11 +349,17 @@ func (s *stmtAttempt) run(ctx context.Context) (Result, error) {
 	}
 }
 
-// recordStateCheck reports whether err is the records table's state check, which the
-// record refuses a live record of the key with: not a check of the caller's tables.
-func recordStateCheck(err error) bool {
+// statementConflict reports whether err is the record's insert meeting a record of
+// the key that appeared after the statement's look: the records table's primary key
+// (the first form) or its state check (the replacing form), not a constraint of the
+// caller's tables.
+func statementConflict(err error) bool {
+	if pgsql.IsUniqueViolation(err, "idempotency_records_pkey") {
+		return true
+	}
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.ConstraintName, "idempotency_records_state_check")
+	return errors.As(err, &pgErr) && pgErr.Code == pgsql.CheckViolation &&
+		strings.HasPrefix(pgErr.ConstraintName, "idempotency_records_state_check")
 }
 
 // waitLeft is how much of the call's wait is left, for settleQ, which counts from now.
@@ -347,7 +378,11 @@ func (s *stmtAttempt) send(ctx context.Context, now *time.Time, inTx bool) (*Rec
 	if err != nil {
 		return nil, nil, unsentError{err}
 	}
-	ssd, err := pipetx.PrepareNamed(ctx, s.conn, s.text)
+	text := s.forms.first
+	if s.replacing {
+		text = s.forms.replace
+	}
+	ssd, err := pipetx.PrepareNamed(ctx, s.conn, text)
 	if err != nil {
 		return nil, nil, unsentError{fmt.Errorf("oncekit/ledger: prepare the statement: %w", err)}
 	}

@@ -546,3 +546,48 @@ func TestDoStatement_EveryExecMode(t *testing.T) {
 		require.Equal(t, 1, countOrders(t, b.pool, tenant))
 	})
 }
+
+// A record written by an attempt that takes no claim (as ModeOptimistic writes it at
+// its commit, here in a transaction held open) and committed while the statement's
+// record waits for it answers the call: the statement's writes roll back, and the call
+// replays that record.
+func TestDoStatement_RecordCommittedAfterTheLook(t *testing.T) {
+	t.Parallel()
+	l, b := setupStmt(t, nil)
+	ctx := context.Background()
+	in := intent(t, "acme", "late-optimist", order{Item: "seq"})
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{b.schema, "idempotency_records"}.Sanitize()+`
+		(tenant, operation, key, fingerprint, state, status_code, body, attempts, created_at, updated_at, expires_at)
+		VALUES ($1, $2, $3, $4, 'completed', 200, '[{"amount":7}]', 1, now(), now(), now() + interval '1 day')`,
+		in.Scope.Tenant, in.Scope.Operation, string(in.Key), string(in.Fingerprint))
+	require.NoError(t, err)
+
+	type answer struct {
+		res ledger.Result
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		res, err := l.DoStatement(ctx, in, seqStmt("acme"), &ledger.StatementOpts{Wait: 10 * time.Second})
+		done <- answer{res, err}
+	}()
+	// The statement ran, and its record's insert waits for the open transaction's.
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%oncekit_w%')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+	got := <-done
+	require.NoError(t, got.err)
+	require.True(t, got.res.Replayed)
+	require.Equal(t, `[{"amount":7}]`, string(got.res.Response.Body))
+	var orders int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&orders))
+	require.Zero(t, orders, "the statement's writes rolled back with its record")
+	require.Equal(t, int64(1), sequenceValue(t, b.pool), "the statement ran once")
+}
