@@ -7,6 +7,12 @@ STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)
 GOLANGCI_LINT_VERSION := v2.15.0
 GOLANGCI_LINT := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
+# A binary built with -race sleeps a second before it exits, for reports from other
+# goroutines to arrive. The tests run the command, workers and demos as processes of
+# their own test binary, many times over, and wait for each to exit: no sleep for them.
+GORACE ?= atexit_sleep_ms=0
+export GORACE
+
 .PHONY: help demo agent-demo soak test test-library test-modules test-pg lint-tools test-citus stress mutate bench bench-citus bench-scale bench-check lint fmt fuzz temporal-cli oncekit
 
 help: ## List the targets.
@@ -48,9 +54,11 @@ test: temporal-cli ## Run every test under -race, against a throwaway PostgreSQL
 test-library:
 	$(GO) test -race -count=1 -timeout 20m ./...
 
+# The samples first: their soak waits on injected faults more than it computes, and its
+# waits fall beside the library's lane.
 test-modules:
-	cd $(CMD_DIR) && $(GO) test -race -count=1 -timeout 10m ./...
 	cd $(SAMPLES_DIR) && $(GO) test -race -count=1 -timeout 20m ./...
+	cd $(CMD_DIR) && $(GO) test -race -count=1 -timeout 10m ./...
 	cd $(MONITORING_DIR) && $(GO) test -race -count=1 -timeout 5m ./...
 	cd $(MCP_DIR) && $(GO) test -race -count=1 -timeout 10m ./...
 	cd $(AGENT_DEMO_DIR) && $(GO) test -race -count=1 -timeout 10m ./...
@@ -62,8 +70,8 @@ test-modules:
 PG_PACKAGES ?= ./ledger ./idempotency ./webhook ./inbox ./outbox ./migrate ./devenv ./internal/pgtest
 PG_VERSIONS ?=
 PG_TEST_FLAGS ?= -count=1 -timeout 20m
-# The history checkers run 5 s each on the other majors: make test runs them longer on the
-# machine's own, and make stress for minutes.
+# The history checkers run 5 s each on the other majors and on Citus: make test runs them
+# longer on the machine's own, and make stress for minutes.
 PG_STRESS ?= 5s
 # The majors run PG_LANES at a time (2), each on clusters of its own.
 PG_LANES ?= 2
@@ -91,7 +99,7 @@ CITUS_PACKAGES ?= ./internal/pgsql ./ledger ./activity ./inbox ./outbox ./migrat
 CITUS_TEST_FLAGS ?= -count=1 -p 1 -timeout 30m -skip 'DoStatement'
 test-citus: ## Run the ledger, activity, inbox, outbox, migrate, webhook and idempotency tests on a throwaway Citus cluster (a coordinator, 2 workers); builds Citus once from ONCEKIT_CITUS_TARBALL.
 	set -o pipefail; ONCEKIT_CITUS=1 $(GO) test -count=1 -v -run '^TestStartCitus$$' ./internal/pgtest | grep -Ev '^=== RUN'
-	ONCEKIT_CITUS=1 $(GO) test $(CITUS_TEST_FLAGS) $(CITUS_PACKAGES)
+	ONCEKIT_CITUS=1 ONCEKIT_STRESS=$(PG_STRESS) $(GO) test $(CITUS_TEST_FLAGS) $(CITUS_PACKAGES)
 
 STRESS ?= 5m
 stress: ## Run the seeded history checkers of the ledger, the inbox, the outbox (with TCP faults) and the agent guard for STRESS each (5m); ONCEKIT_SEED=N replays a seed.
