@@ -43,7 +43,9 @@ func TestSoakShort(t *testing.T) {
 	if os.Getenv("DATABASE_URL") != "" || os.Getenv("TEMPORAL_ADDRESS") != "" {
 		t.Skip("the soak injects faults into servers of its own; unset DATABASE_URL and TEMPORAL_ADDRESS")
 	}
-	rep, err := run(config{orders: 100000, duration: 30 * time.Second, concurrency: 60, killEvery: 50, grace: 2 * time.Minute, seed: 7,
+	// The grace is generous: on a busy machine, under these faults, an order submitted
+	// late may take minutes to finish.
+	rep, err := run(config{orders: 100000, duration: 30 * time.Second, concurrency: 60, killEvery: 50, grace: 6 * time.Minute, seed: 7,
 		faults: faultConfig{pgCrashEvery: 8 * time.Second, pgDown: time.Second, backendKillEvery: 2 * time.Second,
 			outageEvery: 20 * time.Second, outage: 5 * time.Second, temporalEvery: 15 * time.Second}})
 	require.NoError(t, err)
