@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"errors"
+	"regexp"
 	"strings"
 	"time"
 
@@ -44,8 +45,9 @@ type queries struct {
 	// replacing an expired record of the key.
 	insertCompleted string
 	insertFailed    string
-	// DoStatement's guarded statement, with the caller's statement to fill in.
-	statement string
+	// DoStatement's guarded statement in its two forms (see sql/statement.sql), with
+	// the caller's statement to fill in.
+	statementFirst, statementReplace string
 	// Claim claims, then finishes the record under the owner token.
 	claim     string
 	complete  string
@@ -90,7 +92,8 @@ func newQueries(schema string) queries {
 		restoreLockTimeout: load("restore_lock_timeout"),
 		insertCompleted:    load("insert_completed"),
 		insertFailed:       load("insert_failed"),
-		statement:          load("statement"),
+		statementFirst:     statementSpans.ReplaceAllString(load("statement"), ""),
+		statementReplace:   statementMarks.Replace(load("statement")),
 		claim:              load("claim"),
 		complete:           load("complete"),
 		fail:               load("fail"),
@@ -164,3 +167,9 @@ func nullable(s string) *string {
 	}
 	return &s
 }
+
+// The parts of sql/statement.sql that only its replacing form has, and their marks.
+var (
+	statementSpans = regexp.MustCompile(`(?s)\{\{replace\}\}.*?\{\{/replace\}\}`)
+	statementMarks = strings.NewReplacer("{{replace}}", "", "{{/replace}}", "")
+)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -183,8 +182,7 @@ func (l *Ledger) guarded(sql string, n int) (guardedForms, error) {
 		"{{retention}}", param(10, "interval"), "{{workflow_id}}", param(11, "text"), "{{run_id}}", param(12, "text"),
 		"{{workflow_type}}", param(13, "text"), "{{activity_type}}", param(14, "text"),
 	)
-	forms = guardedForms{first: r.Replace(replaceSpans.ReplaceAllString(l.q.statement, "")),
-		replace: r.Replace(replaceMarks.Replace(l.q.statement))}
+	forms = guardedForms{first: r.Replace(l.q.statementFirst), replace: r.Replace(l.q.statementReplace)}
 	guardedMu.Lock()
 	if len(guardedCache) >= guardedLimit {
 		clear(guardedCache)
@@ -193,12 +191,6 @@ func (l *Ledger) guarded(sql string, n int) (guardedForms, error) {
 	guardedMu.Unlock()
 	return forms, nil
 }
-
-// The parts of sql/statement.sql only its replacing form has.
-var (
-	replaceSpans = regexp.MustCompile(`(?s)\{\{replace\}\}.*?\{\{/replace\}\}`)
-	replaceMarks = strings.NewReplacer("{{replace}}", "", "{{/replace}}", "")
-)
 
 // stmtAttempt is one call of DoStatement.
 type stmtAttempt struct {
