@@ -97,12 +97,9 @@ func StartCluster(ctx context.Context, opts *ClusterOpts) (*Cluster, error) {
 			c.binDir = filepath.Join(server, "bin")
 		}
 	}
-	initdb := exec.CommandContext(ctx, filepath.Join(c.binDir, "initdb"),
-		"-D", c.dataDir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
-	if out, err := initdb.CombinedOutput(); err != nil {
+	if err := initData(ctx, os.TempDir(), binDir, c.binDir, c.dataDir, c.cred); err != nil {
 		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
+		return nil, err
 	}
 	if err := c.Start(ctx); err != nil {
 		_ = os.RemoveAll(dir)

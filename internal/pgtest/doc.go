@@ -8,6 +8,10 @@
 // "postgres" OS user, which cannot read root's home, so each cluster links the release's
 // files into its own directory.
 //
+// A cluster's files are a copy of a template that initdb made once per server binary and
+// user, kept in the temporary directory as oncekit-pgtemplate-*: copying costs a tenth of
+// initdb's CPU, and a test binary may start dozens of clusters.
+//
 // A test binary calls [Main] from TestMain; each test then calls [NewSchema] for an
 // isolated, freshly created schema and a pool whose search_path points at it. Schemas
 // are dropped at cleanup and the cluster is stopped when the binary exits, so packages

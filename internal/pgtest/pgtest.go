@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -50,7 +52,7 @@ func Main(m *testing.M) {
 func run(m *testing.M) int {
 	if url := os.Getenv("DATABASE_URL"); url != "" {
 		baseURL = url
-		return m.Run()
+		return runTests(m)
 	}
 	if os.Getenv(CitusEnv) == "1" {
 		return runCitus(m)
@@ -75,7 +77,14 @@ func run(m *testing.M) int {
 	cluster, baseURL = c, c.ConnString()
 	// Runnable examples read DATABASE_URL, as user code does.
 	os.Setenv("DATABASE_URL", baseURL)
-	return m.Run()
+	return runTests(m)
+}
+
+// runTests runs the tests, then closes what they kept open on the test server.
+func runTests(m *testing.M) int {
+	code := m.Run()
+	closeAdmin()
+	return code
 }
 
 func runCitus(m *testing.M) int {
@@ -94,7 +103,7 @@ func runCitus(m *testing.M) int {
 	defer c.Close()
 	citus, cluster, baseURL = c, c.Coordinator, c.ConnString()
 	os.Setenv("DATABASE_URL", baseURL)
-	return m.Run()
+	return runTests(m)
 }
 
 // URL returns the connection string of the test server. It fails the test when Main did
@@ -132,28 +141,92 @@ func NewSchemaOn(tb testing.TB, url string) (*pgxpool.Pool, string) {
 	_, _ = rand.Read(b[:])
 	schema := "t_" + hex.EncodeToString(b[:])
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		tb.Fatalf("pgtest: connect: %v", err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+	if err := adminExec(ctx, url, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		tb.Fatalf("pgtest: create schema: %v", err)
 	}
 	pool := PoolOn(tb, url, schema, nil)
 	tb.Cleanup(func() {
 		pool.Close()
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			tb.Logf("pgtest: drop schema %s: %v", schema, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		if err := adminExec(ctx, url, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			tb.Logf("pgtest: drop schema %s: %v", schema, err)
 		}
 	})
 	return pool, schema
+}
+
+// admin is the pool adminExec keeps on the test server.
+var admin struct {
+	sync.Mutex
+	pool *pgxpool.Pool
+}
+
+// adminExec runs sql, which must be safe to run twice, on the server at url: on the
+// test server through a small pool kept for the test binary's life (every test makes
+// and drops a schema, and each new connection costs the server a process of its own,
+// tens of milliseconds of CPU on a small virtual machine), elsewhere on a connection of
+// its own. A statement whose connection broke, or that found the server restarting (a
+// test crashed it), is sent again, for up to about five seconds.
+func adminExec(ctx context.Context, url, sql string) error {
+	var err error
+	for attempt := range 10 {
+		if attempt > 0 {
+			time.Sleep(time.Duration(attempt) * 100 * time.Millisecond)
+		}
+		if err = adminExecOnce(ctx, url, sql); err == nil || !retryable(err) {
+			return err
+		}
+	}
+	return err
+}
+
+func adminExecOnce(ctx context.Context, url, sql string) error {
+	if url != baseURL {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, sql)
+		return err
+	}
+	admin.Lock()
+	if admin.pool == nil {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			admin.Unlock()
+			return err
+		}
+		cfg.MaxConns = 4
+		if admin.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+			admin.Unlock()
+			return err
+		}
+	}
+	pool := admin.pool
+	admin.Unlock()
+	_, err := pool.Exec(ctx, sql)
+	return err
+}
+
+// retryable reports whether err is the connection's or the server's going away rather
+// than the statement's own failure.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now.
+		return pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+	}
+	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// closeAdmin closes adminExec's pool, before the test server stops.
+func closeAdmin() {
+	admin.Lock()
+	defer admin.Unlock()
+	if admin.pool != nil {
+		admin.pool.Close()
+		admin.pool = nil
+	}
 }
 
 // ExtraCluster starts a throwaway cluster of its own for one test, beside the test
