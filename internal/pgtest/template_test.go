@@ -17,13 +17,14 @@ func TestInitData_TemplateMadeOnceAndRemadeWhenIncomplete(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	binDir, _, err := serverBinDir(ctx, 0)
+	keyDir, _, err := serverBinDir(ctx, 0)
 	require.NoError(t, err)
-	c := &Cluster{}
-	if os.Geteuid() == 0 {
-		c.cred, err = postgresCredential()
-		require.NoError(t, err)
-	}
+	// A cluster's binaries, which the server's user can run (a fetched release's are
+	// linked into the cluster's directory).
+	c, err := StartCluster(ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	binDir := c.BinDir()
 	// A root of the test's own, which the server's user may use.
 	root, err := os.MkdirTemp("", "oncekit-pgtemplate-test-")
 	require.NoError(t, err)
@@ -35,7 +36,7 @@ func TestInitData_TemplateMadeOnceAndRemadeWhenIncomplete(t *testing.T) {
 		dir := filepath.Join(root, name)
 		require.NoError(t, os.Mkdir(dir, 0o777))
 		require.NoError(t, os.Chmod(dir, 0o777))
-		require.NoError(t, initData(ctx, root, binDir, binDir, filepath.Join(dir, "data"), c.cred))
+		require.NoError(t, initData(ctx, root, keyDir, binDir, filepath.Join(dir, "data"), c.cred))
 		cl := &Cluster{dir: dir, dataDir: filepath.Join(dir, "data"), port: 5432, binDir: binDir, cred: c.cred}
 		require.NoError(t, cl.Start(ctx))
 		defer cl.Stop()
