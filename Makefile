@@ -106,7 +106,7 @@ test-binaries:
 # The saga's records are the ledger's (covered here through ./ledger and ./activity), and
 # its workflow logic does not depend on the database: make test runs ./saga.
 CITUS_PACKAGES ?= ./internal/pgsql ./ledger ./activity ./inbox ./outbox ./migrate ./webhook ./idempotency
-# DoStatement does not run on Citus yet (Citus refuses the subqueries of its INSERT,
+# DoStatement does not run on Citus (Citus refuses the subqueries of its INSERT,
 # SQLSTATE 0A000): its tests and example are skipped there.
 CITUS_TEST_FLAGS ?= -count=1 -timeout 30m -skip 'DoStatement'
 test-citus: test-binaries ## Run the ledger, activity, inbox, outbox, migrate, webhook and idempotency tests on a throwaway Citus cluster (a coordinator, 2 workers); builds Citus once from ONCEKIT_CITUS_TARBALL.

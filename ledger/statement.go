@@ -79,7 +79,7 @@ type StatementOpts struct {
 // prepared this way: a connection behind a pooler that cannot keep prepared statements
 // (PgBouncer in transaction mode before 1.21) cannot run DoStatement. DoStatement has no
 // form inside a caller's transaction: a statement of its own is what lets it commit in
-// the round trip that runs it. Use [Ledger.DoTx] there. It does not run on Citus yet,
+// the round trip that runs it. Use [Ledger.DoTx] there. It does not run on Citus,
 // which refuses the subqueries of its INSERT.
 func (l *Ledger) DoStatement(ctx context.Context, in Intent, st Statement, opts *StatementOpts) (res Result, err error) {
 	ctx, c := l.tel.begin(ctx, "DoStatement", in.Scope)
