@@ -163,7 +163,7 @@ func Start(ctx context.Context, opts *Options) (*Server, error) {
 // server that exits during its start is tried again, on a new port.
 func startCLI(ctx context.Context, path, ns string, o Options) (*Server, error) {
 	for attempt := 1; ; attempt++ {
-		port, err := freePort()
+		port, err := proc.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -306,15 +306,6 @@ func (s *Server) Stop() error {
 	}
 	proc.Interrupt(s.cmd.Process, s.exited, 10*time.Second)
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // QuietLogger drops a Temporal client's logs, which would drown test output.

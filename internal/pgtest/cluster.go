@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -70,7 +69,7 @@ func StartCluster(ctx context.Context, opts *ClusterOpts) (*Cluster, error) {
 	}
 	c := &Cluster{dir: dir, dataDir: filepath.Join(dir, "data"), port: 5432, binDir: binDir, opts: *opts}
 	if opts.TCP {
-		if c.port, err = freePort(); err != nil {
+		if c.port, err = proc.FreePort(); err != nil {
 			_ = os.RemoveAll(dir)
 			return nil, err
 		}
@@ -242,16 +241,6 @@ func (c *Cluster) tailLog() string {
 		b = b[len(b)-4000:]
 	}
 	return string(b)
-}
-
-// freePort returns a TCP port on 127.0.0.1 that nothing listens on now.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func postgresCredential() (*syscall.Credential, error) {

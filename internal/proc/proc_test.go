@@ -1,7 +1,9 @@
 package proc_test
 
 import (
+	"net"
 	"os/exec"
+	"strconv"
 	"testing"
 	"time"
 
@@ -41,4 +43,14 @@ func TestInterrupt(t *testing.T) {
 		}
 		require.Equal(t, "signal: killed", cmd.ProcessState.String())
 	})
+}
+
+// A free port is one a server can listen on at once.
+func TestFreePort_ServerCanListen(t *testing.T) {
+	port, err := proc.FreePort()
+	require.NoError(t, err)
+	require.Positive(t, port)
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	require.NoError(t, err)
+	require.NoError(t, l.Close())
 }
