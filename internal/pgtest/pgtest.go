@@ -146,7 +146,11 @@ func NewSchemaOn(tb testing.TB, url string) (*pgxpool.Pool, string) {
 	}
 	pool := PoolOn(tb, url, schema, nil)
 	tb.Cleanup(func() {
-		pool.Close()
+		if !closePool(tb, pool) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
 		if err := adminExec(ctx, url, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			tb.Logf("pgtest: drop schema %s: %v", schema, err)
 		}
@@ -267,8 +271,27 @@ func PoolOn(tb testing.TB, url, schema string, configure func(*pgxpool.Config)) 
 	if err != nil {
 		tb.Fatalf("pgtest: pool: %v", err)
 	}
-	tb.Cleanup(pool.Close)
+	tb.Cleanup(func() { closePool(tb, pool) })
 	return pool
+}
+
+// closePool closes pool at a test's cleanup, and reports whether it closed. Close waits
+// for every connection the test acquired to come back, which a test that stopped at a
+// failed assertion while it held one (a transaction it began) never returns: after ten
+// seconds the test fails saying so, instead of waiting until the binary's timeout.
+func closePool(tb testing.TB, pool *pgxpool.Pool) bool {
+	closed := make(chan struct{})
+	go func() {
+		pool.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		return true
+	case <-time.After(10 * time.Second):
+		tb.Errorf("pgtest: the test's pool did not close within 10 s: a connection the test acquired (a transaction it began) was never released")
+		return false
+	}
 }
 
 // ExecModes is every way pgx can send a statement. Failure paths behave differently in
