@@ -144,7 +144,9 @@ func NewSchemaOn(tb testing.TB, url string) (*pgxpool.Pool, string) {
 	if err := adminExec(ctx, url, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		tb.Fatalf("pgtest: create schema: %v", err)
 	}
-	pool := PoolOn(tb, url, schema, nil)
+	// The pool's Close is this cleanup's, not PoolOn's: the schema is dropped only once
+	// every connection on it has come back.
+	pool := newPool(tb, url, schema, nil)
 	tb.Cleanup(func() {
 		if !closePool(tb, pool) {
 			return
@@ -258,6 +260,14 @@ func Pool(tb testing.TB, schema string, configure func(*pgxpool.Config)) *pgxpoo
 // PoolOn is [Pool] on the server at url, such as an [ExtraCluster]'s.
 func PoolOn(tb testing.TB, url, schema string, configure func(*pgxpool.Config)) *pgxpool.Pool {
 	tb.Helper()
+	pool := newPool(tb, url, schema, configure)
+	tb.Cleanup(func() { closePool(tb, pool) })
+	return pool
+}
+
+// newPool is [PoolOn] without the cleanup that closes the pool.
+func newPool(tb testing.TB, url, schema string, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		tb.Fatalf("pgtest: parse URL: %v", err)
@@ -271,7 +281,6 @@ func PoolOn(tb testing.TB, url, schema string, configure func(*pgxpool.Config)) 
 	if err != nil {
 		tb.Fatalf("pgtest: pool: %v", err)
 	}
-	tb.Cleanup(func() { closePool(tb, pool) })
 	return pool
 }
 
