@@ -182,7 +182,7 @@ func run(cfg config) (demoReport, error) {
 	if err != nil {
 		return demoReport{}, err
 	}
-	providerURL, stopProvider, err := startProvider(pool)
+	providerURL, stopProvider, err := startProvider(pool, cfg.citus)
 	if err != nil {
 		return demoReport{}, err
 	}
@@ -522,12 +522,12 @@ func (s *supervisor) stop() {
 	}
 }
 
-func startProvider(pool *pgxpool.Pool) (string, func(), error) {
+func startProvider(pool *pgxpool.Pool, citus bool) (string, func(), error) {
 	l, err := ledger.New(pool, &ledger.Config{Schema: providerSchema})
 	if err != nil {
 		return "", nil, err
 	}
-	p := &provider{pool: pool, ledger: l, lost: map[string]bool{}}
+	p := &provider{pool: pool, ledger: l, lost: map[string]bool{}, statements: !citus}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err

@@ -35,7 +35,7 @@ func TestCrashPointMatrix(t *testing.T) {
 	pool, err := setupDatabase(ctx, env.DatabaseURL, []string{defaultShop})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	providerURL, stopProvider, err := startProvider(pool)
+	providerURL, stopProvider, err := startProvider(pool, false)
 	require.NoError(t, err)
 	t.Cleanup(stopProvider)
 	l, err := ledger.New(pool, &ledger.Config{Schema: demoSchema})
