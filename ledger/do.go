@@ -18,7 +18,7 @@ import (
 
 // Intent identifies one business intent and the payload it was made with. Every field
 // is required, and the zero Intent is refused: [Ledger.Do], [Ledger.DoTx],
-// [Ledger.Claim] and [Ledger.ClaimTx] check it before any SQL and return a
+// [Ledger.DoStatement], [Ledger.Claim] and [Ledger.ClaimTx] check it before any SQL and return a
 // [*keys.ValidationError] whose Field names what is wrong.
 type Intent struct {
 	// Scope is the tenant and the operation the key belongs to, each 1 to

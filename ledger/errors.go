@@ -59,7 +59,9 @@ type InProgressError struct {
 	Scope keys.Scope
 	Key   keys.Key
 	// LeaseUntil is when the other attempt's lease runs out (a claim of Claim), or
-	// zero for an uncommitted local transaction.
+	// zero for an uncommitted local transaction. A time already past means the claim's
+	// holder may have made its call and not recorded it: Do and DoStatement do not take
+	// such a key over; Claim does, and makes the call again with the same downstream key.
 	LeaseUntil time.Time
 	// Waited is how long this call waited for the other attempt.
 	Waited time.Duration
@@ -71,7 +73,10 @@ func (e *InProgressError) Error() string {
 		s += fmt.Sprintf(" (waited %s)", e.Waited.Round(time.Millisecond))
 	}
 	if !e.LeaseUntil.IsZero() {
-		s += fmt.Sprintf(" until %s", e.LeaseUntil.UTC().Format(time.RFC3339Nano))
+		// A claim of Claim: Do and DoStatement wait for it while its lease is live, and
+		// never take it over once it ran out; Claim does, with the same downstream key.
+		return s + fmt.Sprintf(" under a claim of Claim whose lease runs out at %s: retry later; once the lease has run out, only Claim takes the key over",
+			e.LeaseUntil.UTC().Format(time.RFC3339Nano))
 	}
 	return s + ": retry later, and the retry will replay its result"
 }

@@ -116,20 +116,23 @@ func (o *ownTx) q() querier {
 
 func (o *ownTx) mode(m Mode) Mode { return m }
 
-// claim is the claim statement of mode: one that answers before fn runs (claimCheck),
-// or one that refuses by failing so that PostgreSQL skips what travels behind it.
-func (o *ownTx) claim(in Intent, mode Mode, now *time.Time) *pgx.QueuedQuery {
+// claim is the claim of mode, behind the statement that tries the key's lock (at
+// index 1): one that answers before fn runs (claimCheck), or one that refuses by failing
+// so that PostgreSQL skips what travels behind it.
+func (o *ownTx) claim(in Intent, mode Mode, now *time.Time) []*pgx.QueuedQuery {
+	args := o.l.claimArgs(in, now)
+	claim := o.l.q.claimLocal
 	if mode == ModeClaimFirst || mode == ModeLookUpFirst {
-		return pipetx.Queued(o.l.q.claimCheck, o.l.claimArgs(in, now)...)
+		claim = o.l.q.claimCheck
 	}
-	return pipetx.Queued(o.l.q.claimLocal, o.l.claimArgs(in, now)...)
+	return []*pgx.QueuedQuery{pipetx.Queued(o.l.q.claimLock, args[:4]...), pipetx.Queued(claim, args...)}
 }
 
 func (o *ownTx) begin(in Intent, mode Mode, now *time.Time, onRefused func(context.Context) (*pipetx.Resume, error)) *pipetx.Tx {
 	cfg := pipetx.Config{Via: o.conn, Begin: true, ClaimAt: -1, Refused: errClaimRefused, Managed: ErrManagedTx, OnRefused: onRefused}
 	if mode != ModeOptimistic {
-		cfg.ClaimAt, cfg.Checked = 0, mode == ModeClaimFirst || mode == ModeLookUpFirst
-		cfg.Prefix = []*pgx.QueuedQuery{o.claim(in, mode, now), pipetx.Queued(savepointFn)}
+		cfg.ClaimAt, cfg.Checked = 1, mode == ModeClaimFirst || mode == ModeLookUpFirst
+		cfg.Prefix = append(o.claim(in, mode, now), pipetx.Queued(savepointFn))
 	}
 	if mode == ModeClaimWithFirstStatement {
 		// A refused claim fails its batch: pgx would forget the batch's cached
@@ -191,8 +194,7 @@ func (o *ownTx) hold(ctx context.Context, in Intent, mode Mode, now *time.Time, 
 		}
 		return nil, err
 	}
-	return &pipetx.Resume{Tx: tx, ClaimAt: 0,
-		Prefix: []*pgx.QueuedQuery{o.claim(in, mode, now), pipetx.Queued(savepointFn)}}, nil
+	return &pipetx.Resume{Tx: tx, ClaimAt: 1, Prefix: append(o.claim(in, mode, now), pipetx.Queued(savepointFn))}, nil
 }
 
 // holdLock sends b, which opens a transaction or a savepoint, with the statement that
@@ -251,6 +253,7 @@ func (c *callerTx) mode(m Mode) Mode {
 // run for a taken key.
 func (c *callerTx) claim(in Intent, now *time.Time) []*pgx.QueuedQuery {
 	return []*pgx.QueuedQuery{
+		pipetx.Queued(c.l.q.claimLock, c.l.claimArgs(in, now)[:4]...),
 		pipetx.Queued(c.l.q.claimLocal, c.l.claimArgs(in, now)...),
 		pipetx.Queued(c.l.q.claimProbe, in.Scope.Tenant, in.Scope.Operation, string(in.Key), now),
 		pipetx.Queued(savepointFn),
@@ -258,7 +261,7 @@ func (c *callerTx) claim(in Intent, now *time.Time) []*pgx.QueuedQuery {
 }
 
 func (c *callerTx) begin(in Intent, mode Mode, now *time.Time, onRefused func(context.Context) (*pipetx.Resume, error)) *pipetx.Tx {
-	return pipetx.New(pipetx.Config{Via: c.outer, ClaimAt: 1, Refused: errClaimRefused, Managed: ErrManagedTx,
+	return pipetx.New(pipetx.Config{Via: c.outer, ClaimAt: 2, Refused: errClaimRefused, Managed: ErrManagedTx,
 		OnRefused: onRefused, Guard: true,
 		Prefix: append([]*pgx.QueuedQuery{pipetx.Queued("SAVEPOINT oncekit_claim")}, c.claim(in, now)...)})
 }
@@ -292,7 +295,7 @@ func (c *callerTx) hold(ctx context.Context, in Intent, _ Mode, now *time.Time, 
 		}
 		return nil, err
 	}
-	return &pipetx.Resume{ClaimAt: 0, Prefix: c.claim(in, now)}, nil
+	return &pipetx.Resume{ClaimAt: 1, Prefix: c.claim(in, now)}, nil
 }
 
 // commitFailure undoes fn's writes, stores the failure and makes it final. It works

@@ -31,8 +31,10 @@ type queries struct {
 	// get is lookup with the record's origin, for operators.
 	get string
 	// Do claims with claimLocal, which fails with division_by_zero when the
-	// key is taken, or claimCheck, which answers; in a caller's transaction claimProbe
-	// follows the claim, for records its snapshot cannot see.
+	// key is taken, or claimCheck, which answers, each behind claimLock, which tries
+	// the key's lock before the claim's snapshot is taken; in a caller's transaction
+	// claimProbe follows the claim, for records its snapshot cannot see.
+	claimLock  string
 	claimLocal string
 	claimCheck string
 	claimProbe string
@@ -46,8 +48,10 @@ type queries struct {
 	insertCompleted string
 	insertFailed    string
 	// DoStatement's guarded statement in its two forms (see sql/statement.sql), with
-	// the caller's statement to fill in.
+	// the caller's statement to fill in, and the look-up sent ahead of it, which also
+	// tries the key's lock.
 	statementFirst, statementReplace string
+	statementLookup                  string
 	// Claim claims, then finishes the record under the owner token.
 	claim     string
 	complete  string
@@ -84,6 +88,7 @@ func newQueries(schema string) queries {
 	return queries{
 		lookup:             load("lookup"),
 		get:                load("get"),
+		claimLock:          load("claim_lock"),
 		claimLocal:         load("claim_local"),
 		claimCheck:         load("claim_check"),
 		claimProbe:         load("claim_probe"),
@@ -94,6 +99,7 @@ func newQueries(schema string) queries {
 		insertFailed:       load("insert_failed"),
 		statementFirst:     statementSpans.ReplaceAllString(load("statement"), ""),
 		statementReplace:   statementMarks.Replace(load("statement")),
+		statementLookup:    load("statement_lookup"),
 		claim:              load("claim"),
 		complete:           load("complete"),
 		fail:               load("fail"),

@@ -17,8 +17,10 @@ import (
 )
 
 // Statement is one SQL statement that makes a mutation: an INSERT, UPDATE or DELETE
-// with RETURNING, or a WITH query of them, and its arguments. The rows it returns are
-// the response [Ledger.DoStatement] stores and replays.
+// with RETURNING, or a WITH query (of them, whose main statement may be a SELECT of
+// what they return; one that only reads is run and stored all the same), and its
+// arguments. The rows it returns are the response [Ledger.DoStatement] stores and
+// replays.
 type Statement struct {
 	// SQL is the statement, with $1, $2, ... for Args. Names that begin with oncekit_
 	// are the ledger's: the statement must not define a WITH query by such a name.
@@ -38,7 +40,7 @@ type StatementOpts struct {
 	// as [DoOpts].Wait does. Defaults to 0: fail fast, as [NoWait] does.
 	Wait time.Duration
 	// Retention overrides how long this record is kept. Defaults to the operation's
-	// retention from [Config].
+	// retention from [Config]; a negative value is refused with an error before any SQL.
 	Retention time.Duration
 }
 
@@ -55,14 +57,21 @@ type StatementOpts struct {
 // expired record, the second replaces it. The same key with another
 // fingerprint returns a [*FingerprintMismatchError]; a key another attempt holds is
 // waited for up to [StatementOpts].Wait as [Ledger.Do] waits, and then replays or runs
-// st once; a stored failure from [Ledger.Do] is returned as its [*DefinitiveError]. A
-// lost answer (a FATAL, a broken connection, a context that ended once the statement
-// was sent) is an [*OutcomeUnknownError], settled by a retry with the same key. Any
-// other error means st's writes were rolled back and the key is free: a failing st
-// stores nothing, so a statement that may fail for good belongs in Do with a
-// [*DefinitiveError].
+// st once (a claim of [Ledger.Claim] whose lease ran out is not taken over: that is an
+// [*InProgressError] at once); a stored failure from [Ledger.Do] is returned as its
+// [*DefinitiveError]. A lost answer to the round trip that carries st (a FATAL, a
+// broken connection, a context that ended once it was sent) is an
+// [*OutcomeUnknownError], settled by a retry with the same key. Any other error means
+// st's writes were rolled back and the key is free: a failing st stores nothing, so a
+// statement that may fail for good belongs in Do with a [*DefinitiveError].
 //
-// st runs only once the key is claimed, and commits with the record or not at all. It
+// st runs only once the key is claimed, and commits with the record or not at all. The
+// claim takes the key's lock in the look-up ahead of st, before st's snapshot is taken,
+// so st never starts for a key that another call taking the lock (Do in every mode but
+// [ModeOptimistic], DoTx, DoStatement) holds or has completed. [Ledger.Claim] and
+// ModeOptimistic take no lock: a record of theirs committed while st runs meets the
+// record's primary key, and st's writes roll back, but what st did that does not roll
+// back stays. It
 // may not be more than one statement, control the transaction, or lack RETURNING (each
 // refused before anything is sent), nor define a WITH query named oncekit_... . What
 // cannot be checked is the caller's to keep: functions the statement calls run inside
@@ -70,8 +79,9 @@ type StatementOpts struct {
 // notifications to other systems), or that do not roll back (sequences, session
 // advisory locks), happen only for a claimed key but stay if the statement then rolls
 // back; a function declared IMMUTABLE or STABLE may be evaluated while the statement is
-// planned, before the claim, so it must not write anything; and the statement must not
-// write the ledger's own table. A body over [Config].MaxBodyBytes rolls everything back
+// planned, before the claim, so it must not write anything (an expression PostgreSQL
+// folds to a constant is evaluated then too, and its error fails the call before the
+// claim, storing nothing); and the statement must not write the ledger's own table. A body over [Config].MaxBodyBytes rolls everything back
 // with a [*BodyTooLargeError].
 //
 // Each connection prepares the statement once, by name, whatever its
@@ -171,11 +181,11 @@ func (l *Ledger) guarded(sql string, n int) (guardedForms, error) {
 		with += " RECURSIVE"
 	}
 	if p.ctes != "" {
-		with += " " + p.ctes + ","
+		with += " " + p.ctes + "\n," // a -- comment at its end must not swallow the comma
 	}
 	param := func(i int, typ string) string { return "$" + strconv.Itoa(n+i) + "::" + typ }
 	r := strings.NewReplacer(
-		"{{with}}", with, "{{main}}", p.main,
+		"{{with}}", with, "{{main}}", p.main+"\n",
 		"{{tenant}}", param(1, "text"), "{{operation}}", param(2, "text"), "{{key}}", param(3, "text"),
 		"{{fingerprint}}", param(4, "text"), "{{code}}", param(5, "int4"), "{{lock}}", param(6, "int8"),
 		"{{now}}", param(7, "timestamptz"), "{{max}}", param(8, "int4"), "{{at}}", param(9, "timestamptz"),
@@ -366,7 +376,7 @@ func (s *stmtAttempt) waitLeft() time.Duration {
 // every cached statement of a batch that failed, and a refused claim fails its batch.
 // It returns the record read (nil for none) and the stored body.
 func (s *stmtAttempt) send(ctx context.Context, now *time.Time, inTx bool) (*Record, []byte, error) {
-	lsd, err := pipetx.PrepareNamed(ctx, s.conn, s.l.q.lookup)
+	lsd, err := pipetx.PrepareNamed(ctx, s.conn, s.l.q.statementLookup)
 	if err != nil {
 		return nil, nil, unsentError{err}
 	}
@@ -380,7 +390,7 @@ func (s *stmtAttempt) send(ctx context.Context, now *time.Time, inTx bool) (*Rec
 	}
 	tm := s.conn.TypeMap()
 	var le, se pgx.ExtendedQueryBuilder
-	if err := le.Build(tm, lsd, []any{s.in.Scope.Tenant, s.in.Scope.Operation, string(s.in.Key), now}); err != nil {
+	if err := le.Build(tm, lsd, []any{s.in.Scope.Tenant, s.in.Scope.Operation, string(s.in.Key), now, s.args[s.base+5]}); err != nil {
 		return nil, nil, unsentError{err}
 	}
 	if err := se.Build(tm, ssd, s.args); err != nil {

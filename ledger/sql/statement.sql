@@ -4,8 +4,10 @@
 -- its main statement, whose rows become oncekit_w. The ledger's parameters follow the
 -- statement's own, each named here by what it holds.
 --
--- The record's body is the claim: its CASE first tries the key's advisory lock without
--- waiting and looks for a record of the key, and either refusal fails a cast to integer
+-- The record's body is the claim: its CASE first checks that the look-up sent ahead of
+-- it in the same transaction took the key's advisory lock (the setting oncekit.claim
+-- names the lock then; see statement_lookup.sql), so that this statement's snapshot was
+-- taken under the lock, and looks for a record of the key; either refusal fails a cast to integer
 -- with a message that names it (invalid_text_representation, 22P02), which aborts the
 -- statement before the CASE's last branch, the only place that reads oncekit_w, is
 -- evaluated. PostgreSQL runs a data-modifying WITH query when a reader pulls its rows
@@ -27,7 +29,7 @@
 INSERT INTO {{records}} AS r (tenant, operation, key, fingerprint, state, status_code, body, attempts, created_at, updated_at, expires_at,
         workflow_id, run_id, workflow_type, activity_type)
     VALUES ({{tenant}}, {{operation}}, {{key}}, {{fingerprint}}, 'completed', {{code}},
-        CASE WHEN NOT pg_try_advisory_xact_lock({{lock}}) THEN ('oncekit_claim_refused=' || pg_backend_pid())::int::text::bytea
+        CASE WHEN current_setting('oncekit.claim', true) IS DISTINCT FROM {{lock}}::text THEN ('oncekit_claim_refused=' || pg_backend_pid())::int::text::bytea
             WHEN EXISTS (SELECT 1 FROM {{records}} WHERE tenant = {{tenant}} AND operation = {{operation}} AND key = {{key}}
                 {{replace}}AND expires_at > coalesce({{now}}, now()){{/replace}}) THEN ('oncekit_claim_refused=' || pg_backend_pid())::int::text::bytea
             ELSE (SELECT CASE WHEN octet_length(oncekit_j.j) > {{max}} THEN ('oncekit_body_bytes=' || octet_length(oncekit_j.j))::int::text::bytea
