@@ -44,6 +44,7 @@ var histChecks = []string{
 	"what the client sees is what was committed", "a stale owner never completes", "a waiter gets a result within its wait",
 	"errors agree with the history", "typed errors", "the caller's transaction stays usable",
 	"a plain error means nothing committed", "at most one live lease per key",
+	"a taken key never starts a mutation",
 }
 
 // histModes are the ways a call of Do or DoTx claims its key.
@@ -74,6 +75,13 @@ type hcall struct {
 
 	fnStarts atomic.Int32
 	fnAt     time.Time // the stub time fn read when it started
+
+	// The start witness (see prepareWitness): armed, the mutation's first statement
+	// (DoStatement's statement) records that it ran, and the key's record it then saw,
+	// in a sequence, which no rollback undoes; read back once the call returned.
+	witness bool
+	begun   bool  // the first statement ran during the call
+	saw     int64 // the call whose record of the key it saw: 0 none, -1 one it cannot name
 
 	res       ledger.Result
 	err       error
@@ -246,6 +254,7 @@ func (e *histEnv) addLedger(mode pgx.QueryExecMode, l *ledger.Ledger) {
 // runAll runs the clients and the faults for the run's duration, then checks the history.
 func (e *histEnv) runAll() {
 	t := e.t
+	e.prepareWitness()
 	stop := make(chan struct{})
 	var faults sync.WaitGroup
 	faults.Go(func() { e.moveClock(stop) })
@@ -365,11 +374,16 @@ func (e *histEnv) killBackends(stop chan struct{}) {
 
 // scope is the scope of key: its tenant is one of the run's, chosen by the key.
 func (e *histEnv) scope(op, key string) keys.Scope {
+	return keys.Scope{Tenant: e.tenants[e.shardOf(key)], Operation: op}
+}
+
+// shardOf is the index of key's tenant in tenants, and of its shard's pool in pools.
+func (e *histEnv) shardOf(key string) int {
 	h := 0
 	for _, b := range []byte(key) {
 		h = h*31 + int(b)
 	}
-	return keys.Scope{Tenant: e.tenants[h%len(e.tenants)], Operation: op}
+	return h % len(e.tenants)
 }
 
 func (e *histEnv) intent(op, key string, payload int) ledger.Intent {
@@ -419,6 +433,10 @@ func (e *histEnv) step(client int, rng *rand.Rand) {
 		c.iso = pgx.Serializable
 	}
 	commit := rng.IntN(8) > 0
+	// Most mutations begin with the start witness; the others keep the effect's INSERT
+	// as their first statement. A caller's snapshot older than the call (REPEATABLE
+	// READ, SERIALIZABLE) would hide what the witness looks for: those go without.
+	c.witness = histWitness() && c.fnKind != "nostmt" && (c.op != "DoTx" || c.iso == pgx.ReadCommitted) && rng.IntN(4) > 0
 	if c.op == "Stmt" {
 		e.statement(c, rng)
 		e.add(c)
@@ -448,6 +466,15 @@ func (e *histEnv) fn(c *hcall, rng *rand.Rand) ledger.Func {
 		write := func() error {
 			_, err := tx.Exec(ctx, "INSERT INTO effects (key, call_id, at) VALUES ($1, $2, $3)", c.key, c.id, c.fnAt)
 			return err
+		}
+		if c.witness {
+			// The mutation's first statement; in ModeClaimWithFirstStatement and in DoTx
+			// the claim travels with it.
+			sc := e.scope("do", c.key)
+			if _, err := tx.Exec(ctx, "SELECT "+e.witnessFunc()+"($1::text::regclass, $2::bigint, $3::text, $4::text, $5::text)",
+				e.witnessSeq(c.client), c.id, sc.Tenant, sc.Operation, c.key); err != nil {
+				return ledger.Response{}, err
+			}
 		}
 		switch c.fnKind {
 		case "nostmt":
@@ -503,6 +530,7 @@ func (e *histEnv) guarded(c *hcall, rng *rand.Rand, commit bool) {
 	if c.op == "Do" {
 		c.res, c.err = l.Do(ctx, in, e.fn(c, rng), opts)
 		c.kind = classify(c.err)
+		e.readWitness(c)
 		return
 	}
 	pool, err := l.Router().Pool(in.Scope.Tenant)
@@ -528,6 +556,7 @@ func (e *histEnv) guarded(c *hcall, rng *rand.Rand, commit bool) {
 		return l.DoTx(ctx, tx, in, e.fn(c, rng), opts)
 	}()
 	c.kind = classify(c.err)
+	e.readWitness(c)
 	if strings.HasPrefix(fmt.Sprint(c.err), "panic:") {
 		c.kind = "panic"
 	}
@@ -572,8 +601,17 @@ func (e *histEnv) statement(c *hcall, rng *rand.Rand) {
 	}
 	st := ledger.Statement{SQL: `INSERT INTO effects (key, call_id, at) VALUES ($1, $2::bigint / $4::int * $4::int, $3) RETURNING 'c' || call_id AS b`,
 		Args: []any{c.key, c.id, c.fnAt, div}, Code: 201}
+	if c.witness {
+		// The witness runs as the statement starts to write, before its division.
+		sc := e.scope("do", c.key)
+		st.SQL = `INSERT INTO effects (key, call_id, at) VALUES ($1,
+			0 * ` + e.witnessFunc() + `($5::text::regclass, $2::bigint, $6::text, $7::text, $1::text) + $2::bigint / $4::int * $4::int, $3)
+			RETURNING 'c' || call_id AS b`
+		st.Args = append(st.Args, e.witnessSeq(c.client), sc.Tenant, sc.Operation)
+	}
 	c.res, c.err = l.DoStatement(ctx, e.intent("do", c.key, c.payload), st, &ledger.StatementOpts{Wait: c.wait})
 	c.kind = classify(c.err)
+	e.readWitness(c)
 	if c.kind == "other" && c.fnKind == "sqlerr" && strings.Contains(c.err.Error(), "division by zero") {
 		c.kind = "stmterr"
 	}
@@ -855,6 +893,20 @@ func (e *histEnv) check() int {
 		if n := c.fnStarts.Load(); n > 1 {
 			bad("fn starts at most once per call", c, "fn started %d times", n)
 		}
+		// A taken key never starts a mutation: the witness, the mutation's first
+		// statement, ran after the claim, with the key's lock held since before the
+		// claim's snapshot, and saw a record another call taking that lock committed
+		// (under the lock, so before this call took it: the claim saw it too). Its record
+		// expires a retention after the stub time of that call's start at the earliest,
+		// and the claim read the clock before this call returned: when that is sooner,
+		// the record was live for the claim, which had to refuse the key.
+		if c.begun && c.saw > 0 && c.saw != c.id && histLocking(c) {
+			if x := byID[c.saw]; x != nil && x.key == c.key && histLocking(x) && c.endStub.Before(x.startStub.Add(histRetention)) {
+				bad("a taken key never starts a mutation", c, "its first statement ran, seeing call %d's record (%s/%s, returned at #%d, committed at #%d), "+
+					"live until %s at least, while the call's clock read at most %s",
+					x.id, x.op, x.mode, x.endSeq, x.doneSeq(), x.startStub.Add(histRetention).Format("15:04:05.000"), c.endStub.Format("15:04:05.000"))
+			}
+		}
 		if c.kind == "other" {
 			bad("typed errors", c, "unexpected error: %v", c.err)
 		}
@@ -897,10 +949,21 @@ func (e *histEnv) check() int {
 		}
 	}
 	kinds := map[string]int{}
+	armed, begun, saw := 0, 0, 0
 	for _, c := range e.calls {
 		kinds[c.op+" "+c.kind]++
+		if c.witness {
+			armed++
+		}
+		if c.begun {
+			begun++
+		}
+		if c.saw != histWitnessNone {
+			saw++
+		}
 	}
 	t.Logf("history: outcomes %v", kinds)
+	t.Logf("history: start witness: %d calls armed it, %d mutations began, %d of them seeing a record of the key", armed, begun, saw)
 	if history.Report(t, vs, 40) == 0 {
 		t.Logf("history: every check held: %s", strings.Join(histChecks, "; "))
 	}
@@ -982,4 +1045,106 @@ func (e *histEnv) checkExtReplay(c *hcall, byID map[int64]*hcall, bad func(strin
 	if producer.finishErr != nil && classify(producer.finishErr) != "unknown" {
 		bad("a plain error means nothing committed", c, "replayed call %d's %s, which returned %v", id, producer.finish, producer.finishErr)
 	}
+}
+
+// The start witness: a function a mutation calls as its first statement (and a
+// DoStatement's statement as it starts to write). It looks for the key's record with a
+// snapshot of its own (a volatile function's query takes one under READ COMMITTED, later
+// than the claim's), and sets the client's sequence to the call and the call whose record
+// it saw: histWitnessNone for no record, histWitnessUnknown for one it cannot name. A
+// sequence keeps what it was set to through the rollback of the transaction that set it,
+// so a statement that ran and then rolled back (at the record's primary key, say) still
+// leaves its trace; a second run in the same call keeps a record the first one saw.
+const (
+	histWitnessBits    = 24
+	histWitnessNone    = 0
+	histWitnessUnknown = 1<<histWitnessBits - 1
+)
+
+// histWitness reports whether the start witness runs: not on Citus, whose distributed
+// records table a function on the coordinator would read by way of the workers.
+func histWitness() bool { return !pgtest.IsCitus() }
+
+func (e *histEnv) witnessFunc() string { return pgx.Identifier{e.schema, "hist_started"}.Sanitize() }
+
+// witnessSeq is the sequence of client's witness: a client makes one call at a time.
+func (e *histEnv) witnessSeq(client int) string {
+	return pgx.Identifier{e.schema, "hist_started_" + strconv.Itoa(client)}.Sanitize()
+}
+
+// prepareWitness creates the witness's function and sequences on every shard.
+func (e *histEnv) prepareWitness() {
+	if !histWitness() {
+		return
+	}
+	records := pgx.Identifier{e.schema, "idempotency_records"}.Sanitize()
+	fn := `CREATE OR REPLACE FUNCTION ` + e.witnessFunc() + `(seq regclass, caller_id bigint, t text, op text, k text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $f$
+DECLARE
+	seen text;
+	producer bigint := ` + strconv.Itoa(histWitnessNone) + `;
+	prev bigint;
+BEGIN
+	SELECT coalesce(convert_from(body, 'UTF8'), '') || ' ' || coalesce(error_message, '') INTO seen
+		FROM ` + records + ` WHERE tenant = t AND operation = op AND key = k AND attempts > 0;
+	IF FOUND THEN
+		producer := least(coalesce(substring(seen from 'c([0-9]+)')::bigint, ` + strconv.Itoa(histWitnessUnknown) + `), ` + strconv.Itoa(histWitnessUnknown) + `);
+	END IF;
+	prev := pg_sequence_last_value(seq);
+	IF prev IS NULL OR prev >> ` + strconv.Itoa(histWitnessBits) + ` <> caller_id OR prev & ` + strconv.Itoa(histWitnessUnknown) + ` = ` + strconv.Itoa(histWitnessNone) + ` THEN
+		PERFORM setval(seq, (caller_id << ` + strconv.Itoa(histWitnessBits) + `) | producer);
+	END IF;
+	RETURN producer;
+END $f$`
+	ctx := context.Background()
+	for _, pool := range e.pools {
+		for i := range histClients {
+			_, err := pool.Exec(ctx, "CREATE SEQUENCE IF NOT EXISTS "+e.witnessSeq(i))
+			require.NoError(e.t, err)
+		}
+		_, err := pool.Exec(ctx, fn)
+		require.NoError(e.t, err)
+	}
+}
+
+// readWitness reads, once c returned, whether its mutation's first statement ran, and
+// what record of the key it saw then, and logs it.
+func (e *histEnv) readWitness(c *hcall) {
+	if !c.witness {
+		return
+	}
+	pool := e.pools[e.shardOf(c.key)]
+	var v int64
+	for deadline := time.Now().Add(5 * time.Second); ; { // a shard may be coming back from a crash
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := pool.QueryRow(ctx, "SELECT coalesce(pg_sequence_last_value($1::text::regclass), 0)", e.witnessSeq(c.client)).Scan(&v)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			e.event(c, "begun", fmt.Sprintf("id=%d witness unread: %v", c.id, err))
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if v>>histWitnessBits != c.id {
+		return
+	}
+	c.begun, c.saw = true, v&histWitnessUnknown
+	saw := "no record"
+	switch c.saw {
+	case histWitnessNone:
+	case histWitnessUnknown:
+		c.saw, saw = -1, "a record of no call"
+	default:
+		saw = fmt.Sprintf("call %d's record", c.saw)
+	}
+	e.event(c, "begun", fmt.Sprintf("id=%d the mutation's first statement ran, and saw %s", c.id, saw))
+}
+
+// histLocking reports whether c takes the key's lock to claim it: Do in every mode but
+// ModeOptimistic, DoTx (whatever its mode) and DoStatement.
+func histLocking(c *hcall) bool {
+	return c.op == "DoTx" || c.op == "Stmt" || (c.op == "Do" && c.mode != "Optimistic")
 }
