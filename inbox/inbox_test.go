@@ -230,8 +230,8 @@ func TestInbox_PurgePause(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the purge did not end when its context was cancelled during a pause")
 	}
-	_, err = ib.Purge(ctx, &ledger.PurgeOpts{Pause: -time.Second})
-	require.Error(t, err, "a negative pause is refused")
+	_, err = ib.Purge(ctx, &ledger.PurgeOpts{BatchSize: -1})
+	require.Error(t, err, "a negative batch size is refused")
 }
 
 // The values the documentation states and the dashboards and alerts filter on: changing

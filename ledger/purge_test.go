@@ -136,9 +136,20 @@ func TestPurge_Pause(t *testing.T) {
 		}
 	})
 	t.Run("NegativeRefused", func(t *testing.T) {
-		_, err := l.Purge(ctx, &ledger.PurgeOpts{Pause: -time.Second})
-		require.Error(t, err)
-		require.Contains(t, err.Error(), "negative")
+		for _, o := range []ledger.PurgeOpts{{BatchSize: -1}, {MaxBatches: -1}} {
+			_, err := l.Purge(ctx, &o)
+			require.Error(t, err)
+			require.Contains(t, err.Error(), "negative")
+		}
+	})
+	t.Run("PausesByDefault", func(t *testing.T) {
+		left := countRecords(t, b.pool, b.schema) // 5, or 15 where the cancel was skipped
+		start := time.Now()
+		res, err := l.Purge(ctx, &ledger.PurgeOpts{BatchSize: 2})
+		require.NoError(t, err)
+		require.Equal(t, int64(left), res.Deleted)
+		require.Equal(t, left/2+1, res.Batches, "batches of 2 until one deletes fewer")
+		require.GreaterOrEqual(t, time.Since(start), time.Duration(res.Batches-1)*ledger.PurgePauseDefault, "a pause between each two statements")
 	})
 }
 

@@ -220,7 +220,7 @@ func TestDocumentedValues(t *testing.T) {
 		{ledger.MigrationLine, "ledger"},
 		{ledger.MaxBodyDefault, 1 << 20},
 		{ledger.ListLimitDefault, 100},
-		{ledger.PurgeBatchDefault, 1000},
+		{ledger.PurgeBatchDefault, 500}, {ledger.PurgePauseDefault, 50 * time.Millisecond},
 		// PostgreSQL's longest lock_timeout, 2^31-1 ms.
 		{ledger.MaxWait, time.Duration(1<<31-1) * time.Millisecond},
 	} {

@@ -65,7 +65,7 @@ was purged.`,
 	purge := &cobra.Command{
 		Use: "purge",
 		Example: `  oncekit inbox purge --dry-run
-  oncekit inbox purge -y --batch 500 --pause 20ms`,
+  oncekit inbox purge -y --batch 1000 --pause 0`,
 		Short: "Delete expired inbox records, in batches",
 		Long:  "inbox purge deletes the records past their retention, in batches; without --yes it counts them. An expired record already counts as absent.",
 		Args:  args(0, ""),

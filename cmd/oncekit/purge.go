@@ -23,7 +23,7 @@ type purgeFlags struct {
 
 func (p *purgeFlags) register(cmd *cobra.Command, outboxToo bool) {
 	cmd.Flags().IntVar(&p.batch, "batch", ledger.PurgeBatchDefault, "rows per statement, which bounds how long each holds its locks")
-	cmd.Flags().DurationVar(&p.pause, "pause", 0, "wait this long between two statements, to leave the database to the traffic beside the purge")
+	cmd.Flags().DurationVar(&p.pause, "pause", ledger.PurgePauseDefault, "wait this long between two statements, to leave the database to the traffic beside the purge (0: no pause)")
 	if outboxToo {
 		cmd.Flags().DurationVar(&p.retention, "published-retention", outbox.PublishedRetentionDefault, "keep published outbox events this long")
 	}
@@ -73,7 +73,8 @@ func (a *app) purgeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use: "purge",
 		Example: `  oncekit purge --dry-run
-  oncekit purge -y --batch 500 --pause 20ms`,
+  oncekit purge -y
+  oncekit purge -y --batch 1000 --pause 0`,
 		Short: "Delete expired records, expired inbox records, old published events and expired agent calls, in batches",
 		Long: `purge deletes, in batches, what has outlived its retention: the ledger's expired records
 (idempotency_records; a pending record whose lease is live is kept), the agent's expired
@@ -113,6 +114,15 @@ Expired records already count as absent: purging only frees space.`,
 	return cmd
 }
 
+// opts are the purges' options: --pause 0 purges without pausing.
+func (p purgeFlags) opts() *ledger.PurgeOpts {
+	o := &ledger.PurgeOpts{BatchSize: p.batch, Pause: p.pause}
+	if p.pause == 0 {
+		o.Pause = ledger.NoPause
+	}
+	return o
+}
+
 func (a *app) ledgerPurge(l *ledger.Ledger, p purgeFlags) purgeStep {
 	return purgeStep{table: "idempotency_records", what: "expired records",
 		count: func() (int64, error) {
@@ -120,7 +130,7 @@ func (a *app) ledgerPurge(l *ledger.Ledger, p purgeFlags) purgeStep {
 			return st.Purgeable, err
 		},
 		purge: func() (int64, int, error) {
-			res, err := l.Purge(a.ctx, &ledger.PurgeOpts{BatchSize: p.batch, Pause: p.pause})
+			res, err := l.Purge(a.ctx, p.opts())
 			return res.Deleted, res.Batches, err
 		}}
 }
@@ -136,7 +146,7 @@ func inboxPurge(a *app, in *inbox.Inbox, p purgeFlags) purgeStep {
 			return n, err
 		},
 		purge: func() (int64, int, error) {
-			res, err := in.Purge(a.ctx, &ledger.PurgeOpts{BatchSize: p.batch, Pause: p.pause})
+			res, err := in.Purge(a.ctx, p.opts())
 			return res.Deleted, res.Batches, err
 		}}
 }
@@ -146,7 +156,7 @@ func outboxPurge(a *app, out *outbox.Outbox, p purgeFlags) purgeStep {
 	return purgeStep{table: "outbox_events", what: fmt.Sprintf("events published over %s ago", shortDuration(p.retention)),
 		count: func() (int64, error) { return out.Purgeable(a.ctx) },
 		purge: func() (int64, int, error) {
-			res, err := out.Purge(a.ctx, &ledger.PurgeOpts{BatchSize: p.batch, Pause: p.pause})
+			res, err := out.Purge(a.ctx, p.opts())
 			return res.Deleted, res.Batches, err
 		}}
 }

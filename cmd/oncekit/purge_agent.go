@@ -24,7 +24,7 @@ func (a *app) agentPurge(l *ledger.Ledger, p purgeFlags) ([]purgeStep, error) {
 	return []purgeStep{{table: "agent_calls", what: "expired frozen tool calls",
 		count: func() (int64, error) { return g.Purgeable(a.ctx) },
 		purge: func() (int64, int, error) {
-			res, err := g.Purge(a.ctx, &ledger.PurgeOpts{BatchSize: p.batch, Pause: p.pause})
+			res, err := g.Purge(a.ctx, p.opts())
 			return res.Deleted, res.Batches, err
 		}}}, nil
 }

@@ -699,7 +699,7 @@ type purgePage struct {
 
 func (c *console) purgeSteps(r *http.Request, s *uiShard) []purgeStep {
 	ra := &app{ctx: r.Context(), schema: c.a.schema}
-	p := purgeFlags{batch: ledger.PurgeBatchDefault, retention: outbox.PublishedRetentionDefault}
+	p := purgeFlags{batch: ledger.PurgeBatchDefault, pause: ledger.PurgePauseDefault, retention: outbox.PublishedRetentionDefault}
 	return []purgeStep{ra.ledgerPurge(s.ledger, p), inboxPurge(ra, s.inbox, p), outboxPurge(ra, s.outbox, p)}
 }
 

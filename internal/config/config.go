@@ -5,6 +5,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // SchemaDefault is the schema every feature's tables live in unless configured
@@ -12,7 +13,10 @@ import (
 const SchemaDefault = "oncekit"
 
 // PurgeBatchDefault is how many rows one purge statement deletes at most.
-const PurgeBatchDefault = 1000
+const PurgeBatchDefault = 500
+
+// PurgePauseDefault is how long a purge waits between two statements.
+const PurgePauseDefault = 50 * time.Millisecond
 
 // Of returns *cfg, or the zero value when cfg is nil: a nil *Config means all defaults.
 func Of[T any](cfg *T) T {

@@ -140,7 +140,7 @@ func run(quick bool, only string) error {
 			if err != nil {
 				return err
 			}
-			return scaleBench{sizes: sizes, samples: scale(3000, 100), window: time.Duration(scale(20, 2)) * time.Second,
+			return scaleBench{sizes: sizes, samples: scale(3000, 100), window: time.Duration(scale(60, 6)) * time.Second,
 				outboxCap: time.Duration(scale(60, 5)) * time.Second}.run(ctx, out)
 		}},
 	}

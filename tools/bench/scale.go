@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/md5"
 	"encoding/hex"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -33,9 +35,10 @@ const scaleSchema = "oncekit_scale"
 // scaleEmptySchema holds the empty ledger that Do is timed on beside the full one.
 const scaleEmptySchema = "oncekit_scale_empty"
 
-// pacedLedger are the options of the paced purges, the ledger's, the inbox's and the
-// outbox's alike.
-var pacedLedger = &ledger.PurgeOpts{BatchSize: 500, Pause: 20 * time.Millisecond}
+// unpaced are the options of the purges measured beside the defaults, the ledger's, the
+// inbox's and the outbox's alike: the defaults before 0.2, batches of 1,000 with no
+// pause.
+var unpaced = &ledger.PurgeOpts{BatchSize: 1000, Pause: ledger.NoPause}
 
 // publishedIndex is outbox migration 004's index, which the outbox's first purge goes
 // without.
@@ -50,7 +53,7 @@ type scaleBench struct {
 	sizes []int
 	// samples is how many operations of each scenario are timed at each size.
 	samples int
-	// window is how long the traffic runs alone before each purge, for its baseline.
+	// window bounds how long each purge runs, in phases between which it rests.
 	window time.Duration
 	// purgeN is how many records each purge deletes; 0 means a tenth of the largest size.
 	purgeN int
@@ -298,14 +301,13 @@ func quantile(xs []float64, q float64) float64 {
 	return xs[min(len(xs)-1, int(q*float64(len(xs))))]
 }
 
-// traffic runs op on clients goroutines, each at most once per tick, until stop is
-// closed, and returns every latency in microseconds.
-func traffic(ctx context.Context, clients int, tick time.Duration, op func(context.Context) error, stop <-chan struct{}) ([]float64, error) {
+// traffic runs op from clients goroutines, each at most once every tick, until stop
+// closes or an op fails, and returns each op's latency in µs with whether phase was odd
+// (a purge running) at its start, at its end, or changed while it ran.
+func traffic(ctx context.Context, clients int, tick time.Duration, op func(context.Context) error, phase *atomic.Int64, stop <-chan struct{}) (alone, beside []float64, err error) {
 	var (
-		mu       sync.Mutex
-		lat      []float64
-		firstErr error
-		wg       sync.WaitGroup
+		mu sync.Mutex
+		wg sync.WaitGroup
 	)
 	for range clients {
 		wg.Go(func() {
@@ -317,23 +319,29 @@ func traffic(ctx context.Context, clients int, tick time.Duration, op func(conte
 					return
 				case <-t.C:
 				}
+				p0 := phase.Load()
 				start := time.Now()
-				err := op(ctx)
+				opErr := op(ctx)
 				d := float64(time.Since(start).Nanoseconds()) / 1e3
+				p1 := phase.Load()
 				mu.Lock()
-				if err != nil && firstErr == nil {
-					firstErr = err
+				if opErr != nil && err == nil {
+					err = opErr
 				}
-				lat = append(lat, d)
+				if p0 == p1 && p0%2 == 0 {
+					alone = append(alone, d)
+				} else {
+					beside = append(beside, d)
+				}
 				mu.Unlock()
-				if err != nil {
+				if opErr != nil {
 					return
 				}
 			}
 		})
 	}
 	wg.Wait()
-	return lat, firstErr
+	return alone, beside, err
 }
 
 func walLSN(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
@@ -344,15 +352,24 @@ func walLSN(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
 
 // purgeRun is one purge measured against the traffic beside it.
 type purgeRun struct {
-	name  string
+	name string
+	// purge purges until it is done or ctx ends, and returns how many rows it deleted.
 	purge func(context.Context) (int64, error)
+	// limit bounds how long the purge runs in all; 0 means the bench's window.
+	limit time.Duration
 }
 
-// measurePurge runs the traffic alone for window, then beside each purge in turn (a
-// checkpoint and a vacuum before each, so that each starts alike), and emits the
-// purge's rows per second, its WAL bytes per row (less the traffic's own rate) and the
-// traffic's p50 and p99 beside it against alone. between runs after each purge but the
-// last.
+// purgePhase is how long a purge runs, and then rests, in turn while the traffic runs.
+const purgePhase = 2 * time.Second
+
+// measurePurge measures each purge against the traffic beside it in the same rounds:
+// the traffic runs throughout, and the purge rests for purgePhase, runs as long, rests,
+// and so on until it has nothing left or has run for its limit (a checkpoint and a vacuum
+// before each purge, so that each starts alike). An operation the purge ran beside at
+// any moment counts as beside it, one it ran beside at none as alone, so the drift of a
+// shared machine falls on both alike. It emits the purge's rows per second of running,
+// its WAL bytes per row (less the traffic's own rate while it rested) and the traffic's
+// p50 and p99 beside it and alone. between runs after each purge but the last.
 func (b scaleBench) measurePurge(ctx context.Context, pool *pgxpool.Pool, prefix, table string, runs []purgeRun,
 	op func(context.Context) error, between func(ctx context.Context, done int) error, emit func(string, float64)) error {
 	const clients, tick = 2, 5 * time.Millisecond
@@ -362,54 +379,93 @@ func (b scaleBench) measurePurge(ctx context.Context, pool *pgxpool.Pool, prefix
 				return err
 			}
 		}
+		limit := cmp.Or(r.limit, b.window)
+		var phase atomic.Int64 // odd while the purge runs
 		stop := make(chan struct{})
-		time.AfterFunc(b.window, func() { close(stop) })
-		lsn0, err := walLSN(ctx, pool)
-		if err != nil {
-			return err
-		}
-		alone, err := traffic(ctx, clients, tick, op, stop)
-		if err != nil {
-			return err
-		}
-		lsn1, err := walLSN(ctx, pool)
-		if err != nil {
-			return err
-		}
-		trafficWAL := float64(lsn1-lsn0) / b.window.Seconds()
-
-		stop = make(chan struct{})
-		var beside []float64
+		var alone, beside []float64
 		var trafficErr error
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			beside, trafficErr = traffic(ctx, clients, tick, op, stop)
+			alone, beside, trafficErr = traffic(ctx, clients, tick, op, &phase, stop)
 		}()
-		start := time.Now()
-		deleted, err := r.purge(ctx)
-		took := time.Since(start)
+		var deleted int64
+		var ran, rested time.Duration
+		var walRunning, walResting int64
+		rest := func() error {
+			lsn0, err := walLSN(ctx, pool)
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(purgePhase):
+			}
+			rested += time.Since(start)
+			lsn1, err := walLSN(ctx, pool)
+			walResting += lsn1 - lsn0
+			return err
+		}
+		err := func() error {
+			if err := rest(); err != nil {
+				return err
+			}
+			for finished := false; !finished && ran < limit; {
+				lsn0, err := walLSN(ctx, pool)
+				if err != nil {
+					return err
+				}
+				phaseCtx, cancel := context.WithTimeout(ctx, min(purgePhase, limit-ran))
+				phase.Add(1)
+				start := time.Now()
+				n, err := r.purge(phaseCtx)
+				ran += time.Since(start)
+				phase.Add(1)
+				cancel()
+				deleted += n
+				switch {
+				case err == nil:
+					finished = true
+				case !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
+					return fmt.Errorf("%s purge: %w", r.name, err)
+				}
+				lsn1, err := walLSN(ctx, pool)
+				if err != nil {
+					return err
+				}
+				walRunning += lsn1 - lsn0
+				if err := rest(); err != nil {
+					return err
+				}
+			}
+			return nil
+		}()
 		close(stop)
 		<-done
 		if err != nil {
-			return fmt.Errorf("%s purge: %w", r.name, err)
+			return err
 		}
 		if trafficErr != nil {
 			return trafficErr
 		}
-		lsn2, err := walLSN(ctx, pool)
-		if err != nil {
-			return err
+		trafficWAL := 0.0
+		if rested > 0 {
+			trafficWAL = float64(walResting) / rested.Seconds()
 		}
 		p := prefix + "purge_" + r.name + "."
 		emit(p+"deleted", float64(deleted))
-		emit(p+"rows_per_s", float64(deleted)/took.Seconds())
-		emit(p+"seconds", took.Seconds())
-		emit(p+"wal_bytes_per_row", (float64(lsn2-lsn1)-trafficWAL*took.Seconds())/float64(max(deleted, 1)))
+		emit(p+"rows_per_s", float64(deleted)/ran.Seconds())
+		emit(p+"seconds", ran.Seconds())
+		emit(p+"wal_bytes_per_row", (float64(walRunning)-trafficWAL*ran.Seconds())/float64(max(deleted, 1)))
+		emit(p+"traffic_ops_alone", float64(len(alone)))
+		emit(p+"traffic_ops_beside", float64(len(beside)))
 		emit(p+"traffic_p50_us_alone", quantile(alone, 0.5))
 		emit(p+"traffic_p50_us_beside", quantile(beside, 0.5))
 		emit(p+"traffic_p99_us_alone", quantile(alone, 0.99))
 		emit(p+"traffic_p99_us_beside", quantile(beside, 0.99))
+		emit(p+"traffic_p50_ratio", quantile(beside, 0.5)/quantile(alone, 0.5))
 		emit(p+"traffic_p99_ratio", quantile(beside, 0.99)/quantile(alone, 0.99))
 		if k < len(runs)-1 && between != nil {
 			if err := between(ctx, k); err != nil {
@@ -692,8 +748,9 @@ func scaleFingerprint(i int) keys.Fingerprint {
 	return keys.Fingerprint("v1:" + md("f"+strconv.Itoa(i)) + md("g"+strconv.Itoa(i)))
 }
 
-// ledgerPurge purges the expired records of the largest size, in two cohorts of a
-// tenth of the table each, with first executions running beside each purge.
+// ledgerPurge purges the expired records of the largest size twice, the oldest tenth
+// with the default options, then the rest unpaced, each for at most the bench's window,
+// with first executions running beside each purge.
 func (b scaleBench) ledgerPurge(ctx context.Context, pool *pgxpool.Pool, gen time.Time, emit func(string, float64)) error {
 	size := b.sizes[len(b.sizes)-1]
 	if size == 0 {
@@ -711,12 +768,12 @@ func (b scaleBench) ledgerPurge(ctx context.Context, pool *pgxpool.Pool, gen tim
 		return err
 	}
 	runs := []purgeRun{
-		{"default", func(ctx context.Context) (int64, error) {
+		{name: "default", purge: func(ctx context.Context) (int64, error) {
 			res, err := early.Purge(ctx, nil)
 			return res.Deleted, err
 		}},
-		{"paced", func(ctx context.Context) (int64, error) {
-			res, err := l.Purge(ctx, pacedLedger)
+		{name: "unpaced", purge: func(ctx context.Context) (int64, error) {
+			res, err := l.Purge(ctx, unpaced)
 			return res.Deleted, err
 		}},
 	}
@@ -762,14 +819,14 @@ func (b scaleBench) inboxPurge(ctx context.Context, pool *pgxpool.Pool, emit fun
 		fmt.Fprintf(os.Stderr, "bench: inbox_messages: %d expired rows added in %s\n", n, time.Since(start).Round(time.Second))
 		return err
 	}
-	runs := []purgeRun{{"default", purge(nil)}, {"paced", purge(pacedLedger)}}
+	runs := []purgeRun{{name: "default", purge: purge(nil)}, {name: "unpaced", purge: purge(unpaced)}}
 	return b.measurePurge(ctx, pool, "scale.inbox."+label+".", "inbox_messages", runs, handle, func(ctx context.Context, _ int) error { return refill(ctx) }, emit)
 }
 
 // outboxPurge fills the outbox with four times the purge size of published events, over
 // 40 days, and purges those older than 30 days without the index of published events
 // (for at most outboxCap: each of its statements reads the whole table), then, with
-// the index, those older than 20 days, and with a paced purge those older than 10, with
+// the index, those older than 20 days, and unpaced those older than 10, with
 // events enqueued and dispatched beside each purge: the traffic's latency is from the
 // enqueue's start to the publication.
 func (b scaleBench) outboxPurge(ctx context.Context, pool *pgxpool.Pool, emit func(string, float64)) error {
@@ -826,29 +883,21 @@ func (b scaleBench) outboxPurge(ctx context.Context, pool *pgxpool.Pool, emit fu
 		}
 	}
 	age := time.Since(gen)
-	purge := func(retention time.Duration, opts *ledger.PurgeOpts, limit time.Duration) func(context.Context) (int64, error) {
+	purge := func(retention time.Duration, opts *ledger.PurgeOpts) func(context.Context) (int64, error) {
 		return func(ctx context.Context) (int64, error) {
-			if limit > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, limit)
-				defer cancel()
-			}
 			purger, err := outbox.New(pool, &outbox.Config{Schema: scaleSchema, PublishedRetention: retention + age})
 			if err != nil {
 				return 0, err
 			}
 			res, err := purger.Purge(ctx, opts)
-			if limit > 0 && errors.Is(err, context.DeadlineExceeded) {
-				err = nil
-			}
 			return res.Deleted, err
 		}
 	}
 	day := 24 * time.Hour
 	runs := []purgeRun{
-		{"no_index", purge(30*day, nil, b.outboxCap)},
-		{"default", purge(20*day, nil, 0)},
-		{"paced", purge(10*day, pacedLedger, 0)},
+		{"no_index", purge(30*day, nil), b.outboxCap},
+		{"default", purge(20*day, nil), 0},
+		{"unpaced", purge(10*day, unpaced), 0},
 	}
 	index := func(ctx context.Context, done int) error {
 		if done > 0 {
