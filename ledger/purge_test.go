@@ -151,6 +151,18 @@ func TestPurge_Pause(t *testing.T) {
 		require.Equal(t, left/2+1, res.Batches, "batches of 2 until one deletes fewer")
 		require.GreaterOrEqual(t, time.Since(start), time.Duration(res.Batches-1)*ledger.PurgePauseDefault, "a pause between each two statements")
 	})
+	t.Run("NoPause", func(t *testing.T) {
+		for round, pause := range []time.Duration{ledger.NoPause, -time.Second} {
+			for i := range 4 {
+				_, err := l.Do(ctx, intent(t, "acme", fmt.Sprintf("nopause-%d-%d", round, i), i), noop, nil)
+				require.NoError(t, err)
+			}
+			b.clock.Advance(2 * time.Hour)
+			res, err := l.Purge(ctx, &ledger.PurgeOpts{BatchSize: 2, Pause: pause})
+			require.NoError(t, err, "a negative pause means none, not an error")
+			require.Equal(t, ledger.PurgeResult{Deleted: 4, Batches: 3}, res)
+		}
+	})
 }
 
 // A purge keeps a record that a new intent took over while the purge was deciding what
