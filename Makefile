@@ -108,7 +108,7 @@ test-binaries:
 CITUS_PACKAGES ?= ./internal/pgsql ./ledger ./activity ./inbox ./outbox ./migrate ./webhook ./idempotency
 # DoStatement does not run on Citus (Citus refuses the subqueries of its INSERT,
 # SQLSTATE 0A000): its tests and example are skipped there.
-CITUS_TEST_FLAGS ?= -count=1 -timeout 30m -skip 'DoStatement'
+CITUS_TEST_FLAGS ?= -count=1 -timeout 30m -skip 'DoStatement|RedteamStatement'
 test-citus: test-binaries ## Run the ledger, activity, inbox, outbox, migrate, webhook and idempotency tests on a throwaway Citus cluster (a coordinator, 2 workers); builds Citus once from ONCEKIT_CITUS_TARBALL.
 	set -o pipefail; ONCEKIT_CITUS=1 $(GO) test -count=1 -v -run '^TestStartCitus$$' ./internal/pgtest | grep -Ev '^=== RUN'
 	ONCEKIT_CITUS=1 ONCEKIT_STRESS=$(PG_STRESS) tools/run-test-binaries $(TESTBIN_DIR) 1 $(CITUS_PACKAGES) -- $(CITUS_TEST_FLAGS)
