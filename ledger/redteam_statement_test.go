@@ -42,6 +42,16 @@ type rsEnv struct {
 	b *testBundle
 }
 
+// rsLong skips a long randomized test in -short runs (make test-pg's, on the other
+// majors): make test runs it, and the ledger's own lost-answer and kill-storm tests run
+// everywhere.
+func rsLong(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("a long randomized test: make test runs it")
+	}
+}
+
 func rsSetup(t *testing.T, cfg *ledger.Config) *rsEnv {
 	t.Helper()
 	l, b := setup(t, cfg)
@@ -817,6 +827,7 @@ func TestRedteamStatement_HeldCommitTerminatedOrCancelled(t *testing.T) {
 // Calls on unique keys with random deadlines: a call that heard a plain error
 // committed nothing, ever; a call that heard success committed; an unknown is settled.
 func TestRedteamStatement_RandomDeadlines(t *testing.T) {
+	rsLong(t)
 	e := rsSetup(t, nil)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
@@ -856,6 +867,7 @@ func TestRedteamStatement_RandomDeadlines(t *testing.T) {
 // The connection is cut after each round trip of a first call on a fresh connection
 // (which prepares the statement), and lost answers are injected at random.
 func TestRedteamStatement_ProxyCutsAndLostAnswers(t *testing.T) {
+	rsLong(t)
 	e := rsSetup(t, nil)
 	ctx := context.Background()
 	px := faultproxy.Start(t, pgtest.URL(t), faultproxy.Plan{})
@@ -932,6 +944,7 @@ func TestRedteamStatement_ProxyCutsAndLostAnswers(t *testing.T) {
 
 // Workers on a few keys while another connection terminates their backends at random.
 func TestRedteamStatement_KillStorm(t *testing.T) {
+	rsLong(t)
 	e := rsSetup(t, nil)
 	vl := e.ledgerOn(t, pgtest.Pool(t, e.b.schema, func(c *pgxpool.Config) {
 		c.MaxConns = 8
