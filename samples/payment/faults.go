@@ -40,7 +40,48 @@ type faultCounts struct {
 	errors                                            atomic.Int64
 	mu                                                sync.Mutex
 	lastErr                                           string
-	injecting                                         bool // server faults are configured
+	injecting                                         bool   // server faults are configured
+	stopped                                           bool   // no fault starts any more (under mu)
+	atStop                                            string // see submissionsStopped
+}
+
+// start reports whether a fault may start, false once stop was called, and counts it
+// in n (nil: the fault counts itself) under the same lock, so that the counts stop
+// also reads them.
+func (c *faultCounts) start(n *atomic.Int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return false
+	}
+	if n != nil {
+		n.Add(1)
+	}
+	return true
+}
+
+// stop lets no further fault start; a fault under way finishes.
+func (c *faultCounts) stop() {
+	c.mu.Lock()
+	c.stopped = true
+	c.mu.Unlock()
+}
+
+// submissionsStopped keeps the faults injected so far (injected's figures), for
+// stoppedAt.
+func (c *faultCounts) submissionsStopped() {
+	s := c.injected()
+	c.mu.Lock()
+	c.atStop = s
+	c.mu.Unlock()
+}
+
+// stoppedAt returns the faults injected when the submissions stopped, "" if they ran
+// to the last order.
+func (c *faultCounts) stoppedAt() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.atStop
 }
 
 // any says whether there are faults or errors to speak of.
@@ -65,6 +106,17 @@ func (c *faultCounts) seen(err error) {
 }
 
 func (c *faultCounts) String() string {
+	s := c.injected()
+	if n := c.errors.Load(); n > 0 {
+		c.mu.Lock()
+		s += fmt.Sprintf("; %d errors seen (last: %s)", n, c.lastErr)
+		c.mu.Unlock()
+	}
+	return s
+}
+
+// injected counts the faults injected, of each kind.
+func (c *faultCounts) injected() string {
 	s := fmt.Sprintf("faults: %d PostgreSQL crashes, %d backend kills, %d outages, %d Temporal crashes",
 		c.pgCrashes.Load(), c.backendKills.Load(), c.outages.Load(), c.temporalCrashes.Load())
 	if n := c.shardCrashes.Load(); n > 0 {
@@ -72,11 +124,6 @@ func (c *faultCounts) String() string {
 	}
 	if n := c.citusWorkerCrashes.Load(); n > 0 {
 		s += fmt.Sprintf(", %d Citus worker crashes", n)
-	}
-	if n := c.errors.Load(); n > 0 {
-		c.mu.Lock()
-		s += fmt.Sprintf("; %d errors seen (last: %s)", n, c.lastErr)
-		c.mu.Unlock()
 	}
 	return s
 }
@@ -111,7 +158,9 @@ func injectFaults(ctx context.Context, env *devenv.Env, fc faultConfig, seed uin
 		return func() error {
 			pgMu.Lock()
 			defer pgMu.Unlock()
-			n.Add(1)
+			if !counts.start(n) {
+				return nil
+			}
 			return env.CrashPostgres(ctx, down)
 		}
 	}
@@ -126,6 +175,9 @@ func injectFaults(ctx context.Context, env *devenv.Env, fc faultConfig, seed uin
 		defer pgMu.Unlock()
 		killMu.Lock()
 		defer killMu.Unlock()
+		if !counts.start(nil) {
+			return nil
+		}
 		killed, err := env.KillBackend(ctx, func(n int) int { return killRnd.IntN(n) })
 		if killed {
 			counts.backendKills.Add(1)
@@ -133,15 +185,22 @@ func injectFaults(ctx context.Context, env *devenv.Env, fc faultConfig, seed uin
 		return err
 	})
 	every(fc.temporalEvery, 5, func() error {
-		counts.temporalCrashes.Add(1)
+		if !counts.start(&counts.temporalCrashes) {
+			return nil
+		}
 		return env.CrashTemporal(ctx, 2*time.Second)
 	})
 	every(fc.citusWorkerCrashEvery, 7, func() error {
-		n := counts.citusWorkerCrashes.Add(1)
+		if !counts.start(&counts.citusWorkerCrashes) {
+			return nil
+		}
+		n := counts.citusWorkerCrashes.Load()
 		return env.CrashCitusWorker(ctx, int(n-1)%env.CitusWorkers(), fc.citusWorkerDown)
 	})
 	every(fc.shardCrashEvery, 6, func() error {
-		counts.shardCrashes.Add(1)
+		if !counts.start(&counts.shardCrashes) {
+			return nil
+		}
 		return env.CrashShard(ctx, len(env.ShardURLs)-1, fc.shardDown)
 	})
 	wg.Wait()

@@ -71,7 +71,7 @@ func main() {
 	flag.DurationVar(&cfg.faults.outageEvery, "outage-every", 0, "take PostgreSQL down for -outage about this often")
 	flag.DurationVar(&cfg.faults.outage, "outage", 30*time.Second, "length of a PostgreSQL outage")
 	flag.DurationVar(&cfg.faults.temporalEvery, "temporal-crash-every", 0, "SIGKILL and restart the Temporal dev server about this often (its state is kept in a file)")
-	flag.DurationVar(&cfg.grace, "grace", 2*time.Minute, "how long an interrupted run waits for the orders in flight")
+	flag.DurationVar(&cfg.grace, "grace", 2*time.Minute, "how long an interrupted run waits for the orders in flight; its faults stop with its submissions")
 	flag.IntVar(&cfg.shards, "shards", 1, "PostgreSQL clusters to shard the shops over by tenant, a shop on each (more than 1 runs oncekit's saga alone)")
 	flag.DurationVar(&cfg.faults.shardCrashEvery, "shard-crash-every", 0, "with -shards, crash-restart the last shard's PostgreSQL (immediate mode) about this often, while the others go on")
 	flag.DurationVar(&cfg.faults.shardDown, "shard-down", 5*time.Second, "how long a crashed shard stays down")
@@ -235,8 +235,12 @@ func run(cfg config) (demoReport, error) {
 		submitCtx, cancel = context.WithTimeout(ctx, cfg.duration)
 		defer cancel()
 	}
-	outcomes := checkout(submitCtx, c, queue, orders, modes, cfg.concurrency, sup, counts, pool, cfg.grace)
-	stopFaults()
+	// The faults stop with the submissions: the orders in flight then finish as they
+	// would once an outage is over, instead of waiting out the retries' backoff under a
+	// storm that never ends.
+	stopInjecting := func() { counts.stop(); stopFaults() }
+	outcomes := checkout(submitCtx, c, queue, orders, modes, cfg.concurrency, sup, counts, pool, cfg.grace, stopInjecting)
+	stopInjecting()
 	<-faultsDone
 	// The report reads the database after the faults; it waits out a restart in progress.
 	reportCtx := context.WithoutCancel(ctx)
@@ -251,7 +255,7 @@ func run(cfg config) (demoReport, error) {
 		return demoReport{}, err
 	}
 	if counts.any() {
-		rep.faults = counts.String()
+		rep.faults, rep.injected, rep.injectedAtStop = counts.String(), counts.injected(), counts.stoppedAt()
 	}
 	fmt.Println()
 	rep.print(os.Stdout, sup.restarts.Load(), time.Since(start))
@@ -316,10 +320,10 @@ func countTwice(n int) int {
 
 // checkout submits every order to every saga, at most concurrency at once, with a
 // second submission for the orders marked for it, and waits for them. When ctx ends (an
-// interrupt, or -duration), it stops submitting, waits up to grace for the orders in
-// flight, and reports the rest as unfinished.
+// interrupt, or -duration), it stops submitting, calls stopFaults, waits up to grace for
+// the orders in flight, and reports the rest as unfinished.
 func checkout(ctx context.Context, c client.Client, queue string, orders []Order, modes []string, concurrency int,
-	sup *supervisor, counts *faultCounts, pool *pgxpool.Pool, grace time.Duration) map[string][]outcome {
+	sup *supervisor, counts *faultCounts, pool *pgxpool.Pool, grace time.Duration, stopFaults func()) map[string][]outcome {
 	out := map[string][]outcome{}
 	for _, m := range modes {
 		out[m] = make([]outcome, len(orders))
@@ -330,7 +334,13 @@ func checkout(ctx context.Context, c client.Client, queue string, orders []Order
 	waitCtx, cancelWait := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWait()
 	stopWaiting := context.AfterFunc(ctx, func() {
-		fmt.Printf("  stopped submitting; waiting up to %s for the orders in flight\n", grace)
+		stopFaults()
+		counts.submissionsStopped()
+		stopped := "stopped submitting"
+		if counts.injecting {
+			stopped += " and injecting faults"
+		}
+		fmt.Printf("  %s; waiting up to %s for the orders in flight\n", stopped, grace)
 		time.AfterFunc(grace, cancelWait)
 	})
 	defer stopWaiting()

@@ -38,13 +38,15 @@ func TestDemo(t *testing.T) {
 // The soak, short: orders submitted for 30 seconds, long enough for every fault kind to
 // be injected into the servers at least once (the longest interval, an outage's, is at
 // most 25 s with its jitter), and oncekit's saga still clean, with nothing left over.
+// The faults stop with the submissions; the orders in flight then finish within the
+// grace, as they would once an outage is over.
 func TestSoakShort(t *testing.T) {
 	t.Parallel()
 	if os.Getenv("DATABASE_URL") != "" || os.Getenv("TEMPORAL_ADDRESS") != "" {
 		t.Skip("the soak injects faults into servers of its own; unset DATABASE_URL and TEMPORAL_ADDRESS")
 	}
-	// The grace is generous: on a busy machine, under these faults, an order submitted
-	// late may take minutes to finish.
+	// The grace is generous: on a busy machine an order whose record activity backed off
+	// to the retry policy's one-minute cap under these faults may take minutes to finish.
 	rep, err := run(config{orders: 100000, duration: 30 * time.Second, concurrency: 60, killEvery: 50, grace: 6 * time.Minute, seed: 7,
 		faults: faultConfig{pgCrashEvery: 8 * time.Second, pgDown: time.Second, backendKillEvery: 2 * time.Second,
 			outageEvery: 20 * time.Second, outage: 5 * time.Second, temporalEvery: 15 * time.Second}})
@@ -117,4 +119,20 @@ func TestFaultCountsLine(t *testing.T) {
 	c.backendKills.Add(5)
 	c.seen(errors.New("start checkout-1: connection refused"))
 	require.Equal(t, "faults: 2 PostgreSQL crashes, 5 backend kills, 0 outages, 0 Temporal crashes; 1 errors seen (last: start checkout-1: connection refused)", c.String())
+}
+
+// A run ended by -duration stops injecting faults with its submissions: the orders in
+// flight then finish after the last fault, instead of waiting out the retries' backoff
+// under faults that outlast the run.
+func TestFaultsStopWithTheSubmissions(t *testing.T) {
+	t.Parallel()
+	if os.Getenv("DATABASE_URL") != "" {
+		t.Skip("the run crashes a PostgreSQL of its own; unset DATABASE_URL")
+	}
+	rep, err := run(config{orders: 2000, concurrency: 20, duration: 3 * time.Second, grace: 2 * time.Minute, seed: 11,
+		faults: faultConfig{pgCrashEvery: 400 * time.Millisecond, pgDown: 100 * time.Millisecond}})
+	require.NoError(t, err)
+	require.True(t, rep.ok(), "the orders in flight finished clean")
+	require.NotContains(t, rep.injected, " 0 PostgreSQL crashes", "PostgreSQL was crashed while the orders were submitted")
+	require.Equal(t, rep.injectedAtStop, rep.injected, "no fault started after the submissions stopped")
 }

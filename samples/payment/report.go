@@ -58,7 +58,10 @@ type tally struct {
 
 type demoReport struct {
 	tallies []tally
-	faults  string
+	faults  string // the faults injected and the errors seen
+	// The faults injected, at the end and when the submissions stopped: the same, as
+	// no fault starts after.
+	injected, injectedAtStop string
 	// Leftovers found after the run, in oncekit's saga: ledger records pending past
 	// their lease, and workflows still running.
 	stuckRecords    int64
