@@ -252,9 +252,10 @@ func (c *callerTx) mode(m Mode) Mode {
 // by failing, so that the probe for records the caller's snapshot cannot see does not
 // run for a taken key.
 func (c *callerTx) claim(in Intent, now *time.Time) []*pgx.QueuedQuery {
+	args := c.l.claimArgs(in, now)
 	return []*pgx.QueuedQuery{
-		pipetx.Queued(c.l.q.claimLock, c.l.claimArgs(in, now)[:4]...),
-		pipetx.Queued(c.l.q.claimLocal, c.l.claimArgs(in, now)...),
+		pipetx.Queued(c.l.q.claimLock, args[:4]...),
+		pipetx.Queued(c.l.q.claimLocal, args...),
 		pipetx.Queued(c.l.q.claimProbe, in.Scope.Tenant, in.Scope.Operation, string(in.Key), now),
 		pipetx.Queued(savepointFn),
 	}

@@ -99,7 +99,7 @@ func newQueries(schema string) queries {
 		insertFailed:       load("insert_failed"),
 		statementFirst:     statementSpans.ReplaceAllString(load("statement"), ""),
 		statementReplace:   statementMarks.Replace(load("statement")),
-		statementLookup:    load("statement_lookup"),
+		statementLookup:    strings.ReplaceAll(load("statement_lookup"), "{{lookup}}", uncommented(load("lookup"))),
 		claim:              load("claim"),
 		complete:           load("complete"),
 		fail:               load("fail"),
@@ -115,6 +115,17 @@ func newQueries(schema string) queries {
 		auditList:          load("audit_list"),
 		pending:            load("pending"),
 	}
+}
+
+// uncommented is a statement without its lines of comment, to be put inside another.
+func uncommented(sql string) string {
+	var b strings.Builder
+	for line := range strings.Lines(sql) {
+		if !strings.HasPrefix(strings.TrimSpace(line), "--") {
+			b.WriteString(line)
+		}
+	}
+	return strings.TrimSpace(b.String())
 }
 
 func (l *Ledger) lookup(ctx context.Context, q querier, scope keys.Scope, key keys.Key) (*Record, error) {

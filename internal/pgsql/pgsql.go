@@ -181,11 +181,12 @@ var ErrPurgeNegative = errors.New("PurgeOpts.BatchSize and MaxBatches must not b
 // Run runs the purge in batches of batch rows (0: config.PurgeBatchDefault) until a
 // batch deletes fewer, or maxBatches statements have run (0: no limit), waiting pause
 // between two statements (0: config.PurgePauseDefault; negative: no pause): Local on a
-// single PostgreSQL, ByKey when Citus holds the table. args are $2 onwards. A context that ends during a pause ends the purge with the
-// context's error and what was deleted so far; one that ends while a batch runs lets the
-// batch finish for up to PurgeGrace, so that its rows, deleted and committed, are
-// counted rather than lost with its answer; a negative value, with ErrPurgeNegative
-// before anything is sent.
+// single PostgreSQL, ByKey when Citus holds the table. args are $2 onwards. A context
+// that ends during a pause ends the purge with the context's error and what was deleted
+// so far; one that ends while a batch runs lets the batch finish for up to PurgeGrace,
+// so that its rows, deleted and committed, are counted rather than lost with its
+// answer. A negative batch or maxBatches ends it with ErrPurgeNegative before anything
+// is sent.
 func (p Purge) Run(ctx context.Context, q Querier, batch, maxBatches int, pause time.Duration, args ...any) (deleted int64, batches int, err error) {
 	if batch < 0 || maxBatches < 0 {
 		return 0, 0, ErrPurgeNegative
