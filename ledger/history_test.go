@@ -33,9 +33,13 @@ const (
 	histRetention = time.Second
 	histLease     = 300 * time.Millisecond
 	histClients   = 16
-	histDoKeys    = 24
-	histExtKeys   = 5 // the first histLongKeys take long leases too; the others only short ones
-	histLongKeys  = 2
+	// histBurstClients start a call on a key the moment a Do's mutation of it returns,
+	// so that their claims meet its commit: a claim that looked for the key's record
+	// before it held the key's lock would miss a record committed in between.
+	histBurstClients = 6
+	histDoKeys       = 24
+	histExtKeys      = 5 // the first histLongKeys take long leases too; the others only short ones
+	histLongKeys     = 2
 )
 
 // histChecks are the checks run on the history.
@@ -125,6 +129,8 @@ type histEnv struct {
 	nextID atomic.Int64
 	// proxies carry the ledgers' connections to each server, injecting the TCP faults.
 	proxies map[string]*faultproxy.Proxy
+	// bursts carries keys to the burst clients (see histBurstClients).
+	bursts chan string
 
 	mu    sync.Mutex
 	calls []*hcall
@@ -265,12 +271,27 @@ func (e *histEnv) runAll() {
 	}
 
 	deadline := time.Now().Add(e.run.Duration)
+	e.bursts = make(chan string)
 	var clients sync.WaitGroup
 	for i := range histClients {
 		clients.Go(func() {
 			rng := e.run.Rand(i)
 			for time.Now().Before(deadline) {
-				e.step(i, rng)
+				e.step(i, rng, "")
+			}
+		})
+	}
+	for i := histClients; i < histClients+histBurstClients; i++ {
+		clients.Go(func() {
+			rng := e.run.Rand(i)
+			end := time.After(time.Until(deadline))
+			for {
+				select {
+				case key := <-e.bursts:
+					e.step(i, rng, key)
+				case <-end:
+					return
+				}
 			}
 		})
 	}
@@ -391,13 +412,13 @@ func (e *histEnv) intent(op, key string, payload int) ledger.Intent {
 	return ledger.Intent{Scope: e.scope(op, key), Key: keys.Key(key), Fingerprint: fp}
 }
 
-// step runs one call chosen by rng.
-func (e *histEnv) step(client int, rng *rand.Rand) {
+// step runs one call chosen by rng, on key when it is not "" (a burst's: not Ext).
+func (e *histEnv) step(client int, rng *rand.Rand, key string) {
 	c := &hcall{id: e.nextID.Add(1), client: client, exec: e.execs[rng.IntN(len(e.execs))]}
 	switch n := rng.IntN(100); {
 	case n < 12 && !pgtest.IsCitus(): // DoStatement does not run on Citus yet
 		c.op = "Stmt"
-	case n < 55:
+	case n < 55 || n >= 75 && key != "":
 		c.op = "Do"
 	case n < 75:
 		c.op = "DoTx"
@@ -413,6 +434,9 @@ func (e *histEnv) step(client int, rng *rand.Rand) {
 	c.key = "k" + strconv.Itoa(rng.IntN(histDoKeys))
 	if rng.IntN(2) == 0 {
 		c.key = "k" + strconv.Itoa(rng.IntN(3)) // a few hot keys, on which many calls wait
+	}
+	if key != "" {
+		c.key = key
 	}
 	c.mode = histModes[rng.IntN(len(histModes))]
 	if rng.IntN(40) == 0 {
@@ -503,7 +527,21 @@ func (e *histEnv) fn(c *hcall, rng *rand.Rand) ledger.Func {
 		if err := write(); err != nil {
 			return ledger.Response{}, err
 		}
+		if c.op == "Do" {
+			e.burst(c.key) // the ledger commits next
+		}
 		return ledger.Response{Code: 201, Body: body}, nil
+	}
+}
+
+// burst hands key to the burst clients that are idle.
+func (e *histEnv) burst(key string) {
+	for range histBurstClients {
+		select {
+		case e.bursts <- key:
+		default:
+			return
+		}
 	}
 }
 
@@ -1098,7 +1136,7 @@ BEGIN
 END $f$`
 	ctx := context.Background()
 	for _, pool := range e.pools {
-		for i := range histClients {
+		for i := range histClients + histBurstClients {
 			_, err := pool.Exec(ctx, "CREATE SEQUENCE IF NOT EXISTS "+e.witnessSeq(i))
 			require.NoError(e.t, err)
 		}
