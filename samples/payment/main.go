@@ -235,9 +235,9 @@ func run(cfg config) (demoReport, error) {
 		submitCtx, cancel = context.WithTimeout(ctx, cfg.duration)
 		defer cancel()
 	}
-	// The faults stop with the submissions: the orders in flight then finish as they
-	// would once an outage is over, instead of waiting out the retries' backoff under a
-	// storm that never ends.
+	// The faults stop with the submissions (the last order submitted, or the run
+	// interrupted): the orders in flight then finish as they would once an outage is
+	// over, instead of waiting out the retries' backoff under a storm that never ends.
 	stopInjecting := func() { counts.stop(); stopFaults() }
 	outcomes := checkout(submitCtx, c, queue, orders, modes, cfg.concurrency, sup, counts, pool, cfg.grace, stopInjecting)
 	stopInjecting()
@@ -319,9 +319,10 @@ func countTwice(n int) int {
 }
 
 // checkout submits every order to every saga, at most concurrency at once, with a
-// second submission for the orders marked for it, and waits for them. When ctx ends (an
-// interrupt, or -duration), it stops submitting, calls stopFaults, waits up to grace for
-// the orders in flight, and reports the rest as unfinished.
+// second submission for the orders marked for it, and waits for them. It calls
+// stopFaults when the last order is submitted, or when ctx ends (an interrupt, or
+// -duration): then it stops submitting, waits up to grace for the orders in flight, and
+// reports the rest as unfinished.
 func checkout(ctx context.Context, c client.Client, queue string, orders []Order, modes []string, concurrency int,
 	sup *supervisor, counts *faultCounts, pool *pgxpool.Pool, grace time.Duration, stopFaults func()) map[string][]outcome {
 	out := map[string][]outcome{}
@@ -379,6 +380,13 @@ submit:
 				done.Add(1)
 			})
 		}
+	}
+	if ctx.Err() == nil && counts.injecting {
+		// Every order is submitted: the faults stop, and the last orders finish as
+		// they would once an outage is over.
+		stopFaults()
+		counts.submissionsStopped()
+		fmt.Println("  every order submitted; no more faults injected")
 	}
 	wg.Wait()
 	fmt.Printf("  %d/%d checkouts finished (%d submitted), worker restarted %d times%s\n", done.Load(), total, submitted.Load(), sup.restarts.Load(), counts.progress())

@@ -121,9 +121,9 @@ func TestFaultCountsLine(t *testing.T) {
 	require.Equal(t, "faults: 2 PostgreSQL crashes, 5 backend kills, 0 outages, 0 Temporal crashes; 1 errors seen (last: start checkout-1: connection refused)", c.String())
 }
 
-// A run ended by -duration stops injecting faults with its submissions: the orders in
-// flight then finish after the last fault, instead of waiting out the retries' backoff
-// under faults that outlast the run.
+// A run stops injecting faults with its submissions, ended by -duration or by its last
+// order: the orders in flight then finish after the last fault, instead of waiting out
+// the retries' backoff under faults that outlast the run.
 func TestFaultsStopWithTheSubmissions(t *testing.T) {
 	t.Parallel()
 	if os.Getenv("DATABASE_URL") != "" {
@@ -135,4 +135,12 @@ func TestFaultsStopWithTheSubmissions(t *testing.T) {
 	require.True(t, rep.ok(), "the orders in flight finished clean")
 	require.NotContains(t, rep.injected, " 0 PostgreSQL crashes", "PostgreSQL was crashed while the orders were submitted")
 	require.Equal(t, rep.injectedAtStop, rep.injected, "no fault started after the submissions stopped")
+
+	// A run bounded by its orders stops them once the last order is submitted.
+	rep, err = run(config{orders: 10, concurrency: 10, grace: time.Minute, seed: 12,
+		faults: faultConfig{pgCrashEvery: 400 * time.Millisecond, pgDown: 100 * time.Millisecond}})
+	require.NoError(t, err)
+	require.True(t, rep.ok(), "the orders finished clean")
+	require.NotEmpty(t, rep.injectedAtStop, "the faults were stopped when the last order was submitted")
+	require.Equal(t, rep.injectedAtStop, rep.injected, "no fault started after the last order was submitted")
 }
