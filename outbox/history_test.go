@@ -370,14 +370,7 @@ func (p *histPublisher) Publish(ctx context.Context, e outbox.Event) error {
 	// A stamp that returned later (a loaded machine) may have read the event after
 	// another dispatcher claimed and published it; it is marked, and "published only
 	// while pending" leaves it out.
-	if dl, ok := ctx.Deadline(); ok && time.Now().After(dl.Add(histLease/4)) {
-		if serr := stamp(func(ctx context.Context) error {
-			_, err := p.rec.Exec(ctx, `UPDATE hist_pubs SET late_start = true WHERE pub = $1`, pub)
-			return err
-		}); serr != nil {
-			p.fail(fmt.Errorf("mark the start of a publication of %s as late: %w", e.ID, serr))
-		}
-	}
+	p.markPast(ctx, histLease/4, pub, "late_start", "mark the start of a publication of %s as late: %w", e.ID)
 	var outcome string
 	var err error
 	if time.Now().UnixNano() < p.slowUntil.Load() {
@@ -403,15 +396,23 @@ func (p *histPublisher) Publish(ctx context.Context, e outbox.Event) error {
 	// abandoned this publication, as it abandons any publisher that outlives its deadline,
 	// and the next of the event or its key may have started. Such a publication is marked,
 	// and the checks of overlapping publications leave it out.
-	if dl, ok := ctx.Deadline(); ok && time.Now().After(dl.Add(histLease/8)) {
-		if serr := stamp(func(ctx context.Context) error {
-			_, err := p.rec.Exec(ctx, `UPDATE hist_pubs SET overran = true WHERE pub = $1`, pub)
-			return err
-		}); serr != nil {
-			p.fail(fmt.Errorf("mark the publication of %s as overrun: %w", e.ID, serr))
-		}
-	}
+	p.markPast(ctx, histLease/8, pub, "overran", "mark the publication of %s as overrun: %w", e.ID)
 	return err
+}
+
+// markPast sets the publication's flag column when more than after has passed since
+// ctx's deadline; failing, a format, says what failed, with the event's ID and the error.
+func (p *histPublisher) markPast(ctx context.Context, after time.Duration, pub uuid.UUID, flag, failing string, event uuid.UUID) {
+	dl, ok := ctx.Deadline()
+	if !ok || !time.Now().After(dl.Add(after)) {
+		return
+	}
+	if err := stamp(func(ctx context.Context) error {
+		_, err := p.rec.Exec(ctx, `UPDATE hist_pubs SET `+flag+` = true WHERE pub = $1`, pub)
+		return err
+	}); err != nil {
+		p.fail(fmt.Errorf(failing, event, err))
+	}
 }
 
 // slowly is a publication that succeeds after d, or is cut by its context.
