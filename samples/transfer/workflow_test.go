@@ -3,11 +3,13 @@ package transfer
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/temporal"
 	ttestsuite "go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/worker"
 
 	"github.com/oncekit/oncekit/policy"
 	"github.com/oncekit/oncekit/testsuite"
@@ -20,6 +22,9 @@ func Test_Workflow(t *testing.T) {
 	testSuite := &ttestsuite.WorkflowTestSuite{}
 	env := testSuite.NewTestWorkflowEnvironment()
 	testsuite.RegisterSagaInMemory(env)
+	// A workflow task may take 10 s, not the SDK's 1 s, before the environment calls it a
+	// deadlock: the tests run under the race detector, beside others, on two cores.
+	env.SetWorkerOptions(worker.Options{DeadlockDetectionTimeout: 10 * time.Second})
 	testDetails := TransferDetails{
 		Amount:      1.00,
 		FromAccount: "001-001",
@@ -46,6 +51,9 @@ func Test_WorkflowWithoutRecordsCallsNoMock(t *testing.T) {
 	t.Parallel()
 	testSuite := &ttestsuite.WorkflowTestSuite{}
 	env := testSuite.NewTestWorkflowEnvironment()
+	// A workflow task may take 10 s, not the SDK's 1 s, before the environment calls it a
+	// deadlock: the tests run under the race detector, beside others, on two cores.
+	env.SetWorkerOptions(worker.Options{DeadlockDetectionTimeout: 10 * time.Second})
 	testDetails := TransferDetails{Amount: 1.00, FromAccount: "001-001", ToAccount: "002-002", ReferenceID: "1234"}
 	env.OnActivity(Withdraw, mock.Anything, testDetails).Return(nil)
 	env.ExecuteWorkflow(TransferMoney, testDetails)
