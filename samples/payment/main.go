@@ -335,8 +335,6 @@ func checkout(ctx context.Context, c client.Client, queue string, orders []Order
 	waitCtx, cancelWait := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWait()
 	stopWaiting := context.AfterFunc(ctx, func() {
-		stopFaults()
-		counts.submissionsStopped()
 		stopped := "stopped submitting"
 		if counts.injecting {
 			stopped += " and injecting faults"
@@ -381,11 +379,11 @@ submit:
 			})
 		}
 	}
+	// Every order is submitted, or ctx ended: the faults stop, and the orders in flight
+	// finish as they would once an outage is over.
+	stopFaults()
+	counts.submissionsStopped()
 	if ctx.Err() == nil && counts.injecting {
-		// Every order is submitted: the faults stop, and the last orders finish as
-		// they would once an outage is over.
-		stopFaults()
-		counts.submissionsStopped()
 		fmt.Println("  every order submitted; no more faults injected")
 	}
 	wg.Wait()
